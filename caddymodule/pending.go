@@ -25,6 +25,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/intercept"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/ethereum/go-ethereum/common"
 	sjson "github.com/segmentio/encoding/json"
 	"go.uber.org/zap"
@@ -504,21 +506,41 @@ func routeText(r caddyhttp.Route) string {
 
 // handlerText writes a loaded handler out: a subroute as its routes, any
 // other as its JSON, which holds its configuration but what it loaded as
-// modules (a proxy's upstreams are in it, its transport is not). One that
+// modules (a proxy's upstreams are in it, its transport is not), and so
+// none of the routes a handler holds, which are loaded (their handlers'
+// configuration dropped): those of a proxy's or an intercept's
+// `handle_response` follow its JSON, as routesText writes them, and
+// choose where the response's request goes on to (a `reverse_proxy` in
+// them). A handler without such routes is its JSON alone, so its gates
+// keep, across an upgrade, the name their held records carry. One that
 // cannot be written out is named by its type.
 func handlerText(h caddyhttp.MiddlewareHandler) any {
-	if sr, ok := h.(*caddyhttp.Subroute); ok {
-		sub := []any{routesText(sr.Routes)}
-		if sr.Errors != nil {
-			sub = append(sub, routesText(sr.Errors.Routes))
+	var responses []caddyhttp.ResponseHandler
+	switch h := h.(type) {
+	case *caddyhttp.Subroute:
+		sub := []any{routesText(h.Routes)}
+		if h.Errors != nil {
+			sub = append(sub, routesText(h.Errors.Routes))
 		}
 		return sub
+	case *reverseproxy.Handler:
+		responses = h.HandleResponse
+	case *intercept.Intercept:
+		responses = h.HandleResponse
 	}
 	b, err := json.Marshal(h)
 	if err != nil {
 		b = []byte(`"unwritable"`)
 	}
-	return fmt.Sprintf("%T %s", h, b)
+	text := fmt.Sprintf("%T %s", h, b)
+	if len(responses) == 0 {
+		return text
+	}
+	nested := make([][]string, 0, len(responses))
+	for _, rh := range responses {
+		nested = append(nested, routesText(rh.Routes))
+	}
+	return []any{text, nested}
 }
 
 // upstreamOf names what the requests of the gate provisioned with ctx go

@@ -952,6 +952,143 @@ func upstreamMovesBehindAnotherSite(t *testing.T, inner int, other func(backend 
 	}
 }
 
+// Another site's routes within its handlers count as its routes do: a
+// reload changing where a proxy's `handle_response` routes go renames the
+// gate, and an unchanged reload of a site using Caddy's common handlers
+// (and such routes) keeps its name. (Before: a proxy was named by its own
+// settings, whose `handle_response` routes read as empty once loaded, so
+// pointing them elsewhere kept the gate's name.)
+func TestGateNameCoversRoutesWithinAnotherSitesHandlers(t *testing.T) {
+	_, _ = sharedDevnet(t)
+	dir, www := t.TempDir(), t.TempDir()
+	inner := freePort(t)
+	site := func(onError string) string {
+		return fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[1]s
+			facilitator faulty_devnet lose_reply
+			store badger %[2]s
+		}
+		reverse_proxy 127.0.0.1:%[3]d
+	}
+}
+:%[3]d {
+	encode gzip zstd
+	header X-A {http.request.uuid}
+	basic_auth /admin/* {
+		bob $2a$14$Zkx19XLiW6VYouLHR5NmfOFU0z2GTNmpkT/5qqR7hx4IjWJPDhjvG
+	}
+	map {host} {backend} {
+		a.example 127.0.0.1:1
+		default 127.0.0.1:2
+	}
+	@re path_regexp ^/x/(.*)$
+	rewrite @re /y/{re.1}
+	templates
+	file_server /files/* browse {
+		root %[4]s
+	}
+	reverse_proxy /dyn/* {
+		dynamic a example.invalid 80
+		lb_policy cookie
+		health_uri /health
+		health_interval 1h
+	}
+	reverse_proxy /lb/* 127.0.0.1:3 127.0.0.1:4 {
+		lb_policy random_choose 2
+	}
+	forward_auth /fa/* 127.0.0.1:5 {
+		uri /auth
+	}
+	intercept /i/* {
+		@gone status 410
+		handle_response @gone {
+			respond "gone"
+		}
+	}
+	respond /r "hi {http.request.host}"
+	reverse_proxy 127.0.0.1:6 {
+		@failed status 5xx
+		handle_response @failed {
+			reverse_proxy %[5]s
+		}
+	}
+}
+`, payTo.Hex(), dir, inner, www, onError)
+	}
+	port := freePort(t)
+	loadCaddyServers(t, port, "", "", site("127.0.0.1:7"))
+	t.Cleanup(func() { caddy.Stop() })
+	first := loneGateName(t)
+	for i := range 3 {
+		loadCaddyServers(t, port, "", "", site("127.0.0.1:7"))
+		if n := loneGateName(t); n != first {
+			t.Fatalf("reload %d of the same config renamed the gate: %q then %q", i+1, first, n)
+		}
+	}
+	loadCaddyServers(t, port, "", "", site("127.0.0.1:8"))
+	if loneGateName(t) == first {
+		t.Error("pointing the other site's handle_response routes at another upstream kept the gate's name")
+	}
+}
+
+// The routes after the gate in its own server that its request may reach
+// through a named route (`invoke`) or a proxy's `handle_response` count
+// as well: a reload changing where they go renames the gate, an unchanged
+// one keeps its name.
+func TestGateNameCoversItsOwnServersNamedAndResponseRoutes(t *testing.T) {
+	_, _ = sharedDevnet(t)
+	sites := map[string]string{
+		"named route": `&(backend) {
+	reverse_proxy %[3]s
+}
+:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[1]s
+			facilitator faulty_devnet lose_reply
+			store badger %[2]s
+		}
+		invoke backend
+	}
+}
+`,
+		"handle_response": `:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[1]s
+			facilitator faulty_devnet lose_reply
+			store badger %[2]s
+		}
+		reverse_proxy 127.0.0.1:6 {
+			@failed status 5xx
+			handle_response @failed {
+				reverse_proxy %[3]s
+			}
+		}
+	}
+}
+`,
+	}
+	t.Cleanup(func() { caddy.Stop() })
+	for what, site := range sites {
+		dir, port := t.TempDir(), freePort(t)
+		load := func(backend string) string {
+			t.Helper()
+			loadCaddyServers(t, port, "", "", fmt.Sprintf(site, payTo.Hex(), dir, backend))
+			return loneGateName(t)
+		}
+		first := load("127.0.0.1:7")
+		if load("127.0.0.1:7") != first {
+			t.Errorf("%s: a reload of the same config renamed the gate", what)
+		}
+		if load("127.0.0.1:8") == first {
+			t.Errorf("%s: pointing it at another upstream kept the gate's name", what)
+		}
+	}
+}
+
 // A matcher's alternatives (hosts, paths, methods, a header's or a query
 // key's values, IP ranges: any one matches) are named in no order: a
 // reload listing those of a route before the gate's in another order
