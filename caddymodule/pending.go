@@ -527,6 +527,8 @@ func handlerText(h caddyhttp.MiddlewareHandler) any {
 		responses = h.HandleResponse
 	case *intercept.Intercept:
 		responses = h.HandleResponse
+	case *Gate:
+		return fmt.Sprintf("%T", h) // its settings route nothing (withoutGateSettings)
 	}
 	b, err := json.Marshal(h)
 	if err != nil {
@@ -570,13 +572,17 @@ func upstreamOf(ctx caddy.Context, srv *caddyhttp.Server) string {
 	if srv == nil {
 		return unnamed
 	}
+	config, err := withoutGateSettings(srv)
+	if err != nil {
+		return unnamed
+	}
 	place := struct {
 		Server   string
 		Listen   []string
 		Path     []string
 		Matchers [][][]string
-		Config   *caddyhttp.Server
-	}{Listen: srv.Listen, Config: srv}
+		Config   any
+	}{Listen: srv.Listen, Config: config}
 	mods := ctx.Modules()
 	for _, m := range mods {
 		if app, ok := m.(*caddyhttp.App); ok {
@@ -624,6 +630,43 @@ func upstreamOf(ctx caddy.Context, srv *caddyhttp.Server) string {
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
+}
+
+// withoutGateSettings is srv's configuration as JSON, each gate's
+// (handler x402) written as its handler name alone: a gate's settings
+// (prices, facilitator, store, free allowance) decide whether a call is
+// served, never where it goes on to, so an operator who changes them (a
+// facilitator's rpc_url, say) keeps the gates' names and their held
+// outcomes' reports; the route and MCP tool a gate prices are in gateID.
+func withoutGateSettings(srv *caddyhttp.Server) (any, error) {
+	b, err := json.Marshal(srv)
+	if err != nil {
+		return nil, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var tree any
+	if err := dec.Decode(&tree); err != nil {
+		return nil, err
+	}
+	var strip func(v any) any
+	strip = func(v any) any {
+		switch v := v.(type) {
+		case map[string]any:
+			if v["handler"] == "x402" {
+				return map[string]any{"handler": "x402"}
+			}
+			for k, e := range v {
+				v[k] = strip(e)
+			}
+		case []any:
+			for i, e := range v {
+				v[i] = strip(e)
+			}
+		}
+		return v
+	}
+	return strip(tree), nil
 }
 
 // autoRedirect reports whether r is a route automatic HTTPS made: a

@@ -711,7 +711,7 @@ func TestGateNameIsItsPlaceInItsServer(t *testing.T) {
 		}
 	}
 	for what, edit := range map[string][2]string{
-		"a later route's upstream": {"127.0.0.1:1", "127.0.0.1:3"},
+		"a later route's upstream": {"reverse_proxy 127.0.0.1:1", "reverse_proxy 127.0.0.1:3"},
 		"a matcher within a not":   {"not path /z", "not path /y"},
 		"the gate's own route's":   {"reverse_proxy 127.0.0.1:2", "reverse_proxy 127.0.0.1:4"},
 	} {
@@ -719,6 +719,12 @@ func TestGateNameIsItsPlaceInItsServer(t *testing.T) {
 		if name() == first {
 			t.Errorf("a reload changing %s kept the gate's name", what)
 		}
+	}
+	// A gate's own settings decide whether a call is served, never where
+	// it goes on to: changing its facilitator keeps its name.
+	loadCaddy(t, port, strings.Replace(site, "facilitator http http://127.0.0.1:1", "facilitator http http://127.0.0.1:5", 1))
+	if got := name(); got != first {
+		t.Errorf("a reload changing only the gate's facilitator renamed it: %s, then %s", first, got)
 	}
 }
 

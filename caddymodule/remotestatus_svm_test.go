@@ -218,7 +218,8 @@ func TestEmbeddedSolanaResolvedAfterARestart(t *testing.T) {
 	svm := func(url string) string {
 		return fmt.Sprintf("svm {\n\t\t\t\tnetwork solana-devnet\n\t\t\t\trpc_url %s\n\t\t\t\tfee_payer_key_file %s\n\t\t\t\tconfirm_timeout 1s\n\t\t\t}", url, e.keyFile)
 	}
-	url := startCaddy(t, solanaSite(up.URL, svm(rpc), e, dir)) + "/verify/schema"
+	base := startCaddy(t, solanaSite(up.URL, svm(rpc), e, dir))
+	url := base + "/verify/schema"
 	payerBefore := e.usdc(t, e.payer.Address)
 	sig, txid := signSolana(t, e, url)
 	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "first try")
@@ -227,10 +228,12 @@ func TestEmbeddedSolanaResolvedAfterARestart(t *testing.T) {
 	}
 	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "retry while the node hides it")
 
+	// Restarted on its address, as a gateway is; only the facilitator's
+	// node changes, which renames no gate (withoutGateSettings).
 	if err := caddy.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	url = startCaddy(t, solanaSite(up.URL, svm(e.chain.URL), e, dir)) + "/verify/schema"
+	loadCaddy(t, portOf(t, base), solanaSite(up.URL, svm(e.chain.URL), e, dir))
 	wantPaidWith(t, e, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), txid)
 	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 || up.n.Load() != 1 {
 		t.Fatalf("charged %d, upstream ran %d times; want one payment, one run", got, up.n.Load())
