@@ -601,9 +601,10 @@ func (f *Facilitator) shortOfBaseFee(ctx context.Context, base uint64) (bool, er
 // payer's side when it cannot pay any payment's fee (simulationFailed):
 // the operator's outage, which every payment meets alike until the fee
 // payer is funded, so it is no refusal of the buyer's payment (a new one
-// would fail the same way) but an error (the gateway answers 503, nothing
-// is charged, the same payment can be sent again), naming the account to
-// fund.
+// would fail the same way) but an error naming the account to fund: at
+// Verify the gateway answers 503, nothing charged, the same payment can be
+// sent again; at Settle (the fee payer drained since) it is an unknown
+// outcome like any Settle without a verdict (maySent).
 func (f *Facilitator) feePayerFault(txErr json.RawMessage) error {
 	return fmt.Errorf("fee payer %s cannot pay the network fee (simulation failed: %s): it must be a system account holding enough SOL", f.feePayer, truncate(string(txErr)))
 }

@@ -105,8 +105,10 @@ import (
 //     nothing (maySent). A plain error would have the gateway tell a
 //     charged buyer that nothing was charged, and release the payment; the
 //     unknown outcome has it poll the signature (SettlementStatus) instead:
-//     settled once it landed, never once its blockhash expired unseen, so
-//     a payment never sent is delayed, never lost.
+//     settled once it landed, never once its blockhash expired unseen. A
+//     payment never sent costs its buyer that wait and a new payment (the
+//     same one can no longer settle once its blockhash expired), never
+//     money; sending it again while it could still land is left undone.
 //
 // Two Settles of one payment in two processes at the same moment can both
 // find nothing on chain, both send, and both report success, unless they
