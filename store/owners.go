@@ -183,10 +183,10 @@ var testShape = func() *automaton {
 // ':', so that a name with Chinese words between ASCII ones
 // (bot代api人0x<address>) reads as no CAIP-10 id; a modifier letter,
 // spacing mark, symbol or punctuation mark for any character at all. A
-// wildcard stands for one character or for two, as a digraph or ligature
-// no table maps is drawn as two letters (ȸ as db, ʤ, Cyrillic ҥ, Armenian
-// և, Hangul jamo ㄲ as 77), but a Han ideograph, kana or Hangul syllable,
-// drawn as one character of its own script, for one only (drawnAsOne).
+// letter stands for one character, but one drawn as two (a digraph or
+// ligature no table maps, ȸ as db, ʤ, Cyrillic ҥ, Armenian և, Hangul jamo
+// ㄲ as 77, the syllable 이 as 01) and a number or symbol may stand for two
+// (drawnAsTwo).
 //
 // The id imitates an account id when some reading of its wildcards
 // (accountShape), or that reading's part after a CAIP-10 prefix X:Y: (X 3
@@ -206,7 +206,7 @@ var testShape = func() *automaton {
 //
 // An honest id can read so only when it has no separator, is mostly
 // readable as ASCII, and has such a length, each wildcard counted as one
-// character or (unless drawnAsOne) two, where a Solana address with k
+// character or (drawnAsTwo) two, where a Solana address with k
 // leading 1s is shorter than 43 (41 or 42 with six) and its leading
 // wildcards may be those 1s: a 43- or 44-letter word with an accent
 // (Donaudampfschifffahrtsgesellschaftskapitäne) is refused, and so is
@@ -267,7 +267,9 @@ var selfReadings = func() (t [utf8.RuneSelf][]reading) {
 // character as nothing an account id holds (no reading); a letter or
 // number as a wildcard for any character but ':', and any other character
 // as a wildcard for any character, each wildcard for one character or,
-// unless drawnAsOne, two.
+// for a letter or number drawnAsTwo, and any other, two; a character whose
+// readings are all of two or more characters (ɱ read as rn) as a wildcard
+// for one too, as it is drawn as one.
 func readAs(id string) [][]reading {
 	var out [][]reading
 	base := false // a combining mark here sits on the character before it
@@ -282,35 +284,53 @@ func readAs(id string) [][]reading {
 			continue
 		}
 		var rs []reading
+		single := false // one of its readings is one character
 		for _, a := range asciiReadings(r) {
 			c := make([]charset, len(a))
 			for i := 0; i < len(a); i++ {
 				c[i] = charsetOf(a[i : i+1])
 			}
 			rs = append(rs, reading{chars: c})
+			single = single || len(a) == 1
 		}
-		if rs == nil {
-			switch {
-			case unicode.In(r, unicode.Z, unicode.Cc, unicode.Cf):
-			case unicode.In(r, unicode.L, unicode.N) && !unicode.Is(unicode.Lm, r):
-				rs = []reading{{chars: []charset{notColon}, wild: true, two: !drawnAsOne(r)}}
-			default:
-				rs = []reading{{chars: []charset{printable}, wild: true, two: !drawnAsOne(r)}}
-			}
+		switch {
+		case single:
+		case unicode.In(r, unicode.Z, unicode.Cc, unicode.Cf):
+		case unicode.In(r, unicode.L, unicode.N) && !unicode.Is(unicode.Lm, r):
+			rs = append(rs, reading{chars: []charset{notColon}, wild: true, two: drawnAsTwo(r)})
+		default:
+			rs = append(rs, reading{chars: []charset{printable}, wild: true, two: r != 'ー'})
 		}
 		out = append(out, rs)
 	}
 	return out
 }
 
-// drawnAsOne reports the characters that, read as wildcards, stand for one
-// character only: Han ideographs, kana (and the kana length mark ー) and
-// Hangul syllables, each drawn as one character of its own script in a
-// square of its own, never as two Latin letters. Any other wildcard may be
-// a digraph or ligature (ȸ, ʤ, Cyrillic ҥ, Armenian և, Hangul jamo ㄲ).
-func drawnAsOne(r rune) bool {
-	return unicode.In(r, unicode.Han, unicode.Hiragana, unicode.Katakana) ||
-		r == '\u30fc' || 0xac00 <= r && r <= 0xd7a3
+// drawnAsTwo reports the letters and numbers that, read as wildcards, may
+// stand for two characters: a digraph or ligature no table maps (ȸ as db,
+// ʤ, Cyrillic ҥ, Armenian և and its ligatures), a Hangul compatibility
+// jamo (ㄲ as 77), a Hangul syllable whose first sound is the silent ㅇ,
+// drawn as a circle beside its vowel (이 as 01), and a number no table maps
+// (the Hangzhou numeral 〢 drawn as ||, read as 11). Any other letter, of
+// any script, is one character of its own: a wildcard for one, so that a
+// name in Russian or Chinese is not stretched to an address's length.
+// Symbols, punctuation and modifier letters may always stand for two, but
+// the kana length mark ー, drawn in a square of its own.
+func drawnAsTwo(r rune) bool {
+	switch {
+	case unicode.Is(unicode.N, r),
+		0x0238 <= r && r <= 0x0239,                               // ȸ ȹ
+		0x02a3 <= r && r <= 0x02ab,                               // ʣ ʤ ʥ ʦ ʧ ʨ ʩ ʪ ʫ
+		r == 0x1d6b || r == 0xab63,                               // ᵫ ꭣ
+		r == 0x04a4 || r == 0x04a5 || r == 0x04b4 || r == 0x04b5, // Ҥ ҥ Ҵ ҵ
+		r == 0x04d4 || r == 0x04d5 || r == 0xa656 || r == 0xa657, // Ӕ ӕ Ꙗ ꙗ
+		r == 0x0587 || 0xfb13 <= r && r <= 0xfb17,                // Armenian և and ligatures
+		0x3131 <= r && r <= 0x318e:                               // Hangul compatibility jamo
+		return true
+	case 0xac00 <= r && r <= 0xd7a3: // Hangul syllables
+		return (r-0xac00)/588 == 11 // first sound ㅇ
+	}
+	return false
 }
 
 // asciiReadings are the ASCII a character that is not ASCII reads as by
@@ -616,10 +636,11 @@ func isASCII(s string) bool {
 
 // blankRune reports the characters the FreeformClass admits as symbols or
 // letters that fonts draw as nothing at all: U+2800 BRAILLE PATTERN BLANK,
-// U+1D159 MUSICAL SYMBOL NULL NOTEHEAD and U+16FE4 KHITAN SMALL SCRIPT
-// FILLER. The class has no property for them, so they are named here.
+// U+1D159 MUSICAL SYMBOL NULL NOTEHEAD, U+16FE4 KHITAN SMALL SCRIPT
+// FILLER and U+13441 and U+13442, the Egyptian hieroglyphs' full and half
+// blanks. The class has no property for them, so they are named here.
 func blankRune(r rune) bool {
-	return r == '\u2800' || r == '\U0001D159' || r == '\U00016FE4'
+	return r == '\u2800' || r == '\U0001D159' || r == '\U00016FE4' || r == '\U00013441' || r == '\U00013442'
 }
 
 // IsEVMAddress reports whether s is an EVM address: 0x and 40 hex digits,

@@ -698,12 +698,14 @@ func TestImitatesAddressReadsLeadingMarkAsWildcard(t *testing.T) {
 	}
 }
 
-// A Han ideograph, a kana or a Hangul syllable is drawn as one character
-// of its own script, never as two Latin letters, so it stands for one
-// character only (and so does the kana length mark ー, of no script of its
-// own): a Chinese, Japanese or Korean word beside a CamelCase
-// name of 41 characters, no address's length, binds. Hangul jamo (ㄲ, two
-// ㄱ, is drawn as 77) and the digraphs of
+// A letter no table maps (a Han ideograph, a kana, a Hangul syllable, a
+// Cyrillic letter) is drawn as one character of its own script, so it
+// stands for one character only (and so does the kana length mark ー, a
+// modifier letter): a Chinese, Japanese, Korean or Russian word beside a
+// CamelCase name of 41 characters, no address's length, binds. Hangul
+// jamo (ㄲ, two ㄱ, is drawn as 77), a syllable that begins with the
+// silent ㅇ (이, a circle and a stroke, is drawn as 01), a Hangzhou numeral
+// (〢 is drawn as ||, 11) and the digraphs of
 // TestImitatesAddressReadsDigraphsAsTwoLetters still stand for two.
 // (Before: every wildcard stood for one character or two, so three to six
 // of them stretched 35 to 38 letters to a Solana address's 43, and these
@@ -713,7 +715,9 @@ func TestBindableAgentIDIdeographsAndKanaAreOneCharacter(t *testing.T) {
 		"代理人SolanaTradingAssistantBotVersionTwoNew",
 		"SolanaTradingAssistantBotVersionTwoNew代理人",
 		"SolanaTradingAssistantBotVersionTwoエージェント",
-		"SolanaTradingAssistantBotVersionTwoNe에이전트",
+		"SolanaTradingAssistantBotVersionTwoNew관리자",
+		"ПомощникБухгалтераДляМалогоБизнесаВерсия3",
+		"АссистентПоПродажамИнтернетМагазинаV2xxxx",
 		"SolanaTradingAssistantBotVersionTwoNeスーパー", // the kana length mark ー too
 	} {
 		if n := utf8.RuneCountInString(id); n != 41 {
@@ -723,9 +727,11 @@ func TestBindableAgentIDIdeographsAndKanaAreOneCharacter(t *testing.T) {
 			t.Errorf("%q: ImitatesAddress %v, BindableAgentID %v; want false, true", id, ImitatesAddress(id), BindableAgentID(id))
 		}
 	}
-	const evm = "0x7d2a3c77e0b9f1a4c58e6d30b2f9a17c4e8d5b61"
-	if id := strings.Replace(evm, "77", "\u3132", 1); !ImitatesAddress(id) || BindableAgentID(id) {
-		t.Errorf("%q (77 as Hangul ㄲ): ImitatesAddress %v, BindableAgentID %v; want true, false", id, ImitatesAddress(id), BindableAgentID(id))
+	const evm = "0x7d2a3c77e0b9f1a4c58e6d30b2f9a11c4e8d5b01"
+	for _, c := range [][2]string{{"77", "\u3132"}, {"01", "\uc774"}, {"11", "\u3022"}} {
+		if id := strings.Replace(evm, c[0], c[1], 1); id == evm || !ImitatesAddress(id) || BindableAgentID(id) {
+			t.Errorf("%q (%s as %s): ImitatesAddress %v, BindableAgentID %v; want true, false", id, c[0], c[1], ImitatesAddress(id), BindableAgentID(id))
+		}
 	}
 }
 
@@ -762,5 +768,26 @@ func BenchmarkImitatesAddress(b *testing.B) {
 				ImitatesTestAgent(c.id)
 			}
 		})
+	}
+}
+
+// The Egyptian hieroglyphs' full and half blanks (U+13441, U+13442, letters
+// the FreeformClass admits) are drawn as empty space: before or after an
+// address they make it read as no account id, so they are refused as the
+// other blanks are. A character whose only reading has two letters but
+// that is drawn as one (ɱ, m with a hook, which the confusables data reads
+// as rn; ᵯ; ₥) may stand for one letter too. (Before: both bound in the
+// place of a real address's characters.)
+func TestBlanksAndOneLetterDrawnAsTwoRefused(t *testing.T) {
+	const uni = "0x1f9840a85d5aF5bf1D1762F925BDADdC4201F984"
+	const serum = "9xQeWvG816bUx9EPjHmaT23yvVM2ZWbrrpZb9PusVFin"
+	ids := []string{uni + "\U00013441", "\U00013442" + uni, "eip155:8453:" + uni + "\U00013441", "\U00013441test-agent"}
+	for _, r := range []string{"\u0271", "\u1d6f", "\u20a5"} {
+		ids = append(ids, strings.Replace(serum, "m", r, 1))
+	}
+	for _, id := range ids {
+		if BindableAgentID(id) {
+			t.Errorf("BindableAgentID(%q) = true; it reads as an account id or a test- id", id)
+		}
 	}
 }
