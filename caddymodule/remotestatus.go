@@ -192,9 +192,9 @@ func (m *MultiFacilitator) memberReads(ctx context.Context, i int, offer x402.Pa
 // readable), else pick's, whose answer says why it cannot tell. (Asked
 // only through pick, a remote member without rpc listed first answered
 // "no rpc endpoint" for ever although an embedded member read the chain,
-// and the charged buyer was never served.) sibling tells that the member
-// returned is not pick's: another member sent the payment, and the one
-// asked did not (siblingReader).
+// and the charged buyer was never served.) sibling tells that another
+// member may have sent the payment (mayBeSiblings), so the one asked reads
+// it as a sibling's (siblingReader).
 func (m *MultiFacilitator) statusMember(ctx context.Context, req x402.PaymentRequirements) (f x402.Facilitator, sibling bool, err error) {
 	picked, err := m.pickIndex(ctx, req)
 	reader := -1
@@ -203,7 +203,7 @@ func (m *MultiFacilitator) statusMember(ctx context.Context, req x402.PaymentReq
 			continue
 		}
 		if i == picked {
-			return m.fs[i], false, nil
+			return m.fs[i], m.mayBeSiblings(picked, i), nil
 		}
 		if reader < 0 {
 			reader = i
@@ -211,11 +211,36 @@ func (m *MultiFacilitator) statusMember(ctx context.Context, req x402.PaymentReq
 	}
 	switch {
 	case reader >= 0:
-		return m.fs[reader], picked >= 0, nil
+		return m.fs[reader], m.mayBeSiblings(picked, reader), nil
 	case picked >= 0:
-		return m.fs[picked], false, nil
+		return m.fs[picked], m.mayBeSiblings(picked, picked), nil
 	}
 	return nil, false, err
+}
+
+// mayBeSiblings is the one rule for whether member asked, reading a
+// payment's status, may be reading a send another member made: pick's
+// member now (picked, -1 when pick failed) is another, or the multi has a
+// remote (http) member. pick's member now need not be the one that sent:
+// a remote that sent a payment under the fee payer an embedded svm member
+// also manages, and is down since (its /supported no longer remembered,
+// or a restart with it down), leaves pick at the svm member, and read as
+// its own, the landed send it has no record of would be "settled by
+// another settlement" and the charged buyer refused. Embedded members
+// answer /supported from their configuration, so among them alone pick's
+// member now is the one that sent.
+func (m *MultiFacilitator) mayBeSiblings(picked, asked int) bool {
+	return picked >= 0 && picked != asked || m.hasRemote()
+}
+
+// hasRemote reports whether a member of m is a remote (http) facilitator.
+func (m *MultiFacilitator) hasRemote() bool {
+	for _, f := range m.fs {
+		if _, ok := f.(*HTTPFacilitator); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // siblingReader is a member that reads the outcome of a payment another
@@ -237,7 +262,8 @@ func (m *MultiFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentP
 
 // SentSettlementStatus implements x402.SentSettlementChecker through the
 // member that reads req's chain (statusMember), as the reader of a
-// sibling's send when pick sent it elsewhere (siblingReader).
+// sibling's send when another member may have sent it (mayBeSiblings,
+// siblingReader).
 func (m *MultiFacilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
 	f, sibling, err := m.statusMember(ctx, req)
 	if f == nil {

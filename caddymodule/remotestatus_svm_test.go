@@ -449,6 +449,49 @@ func TestMultiSiblingsSolanaSendReadThroughASharedRecordsStore(t *testing.T) {
 	}
 }
 
+// multi { http <remote, fee payer F>; svm <the same fee payer F> }: the
+// remote settles the payment and its reply is lost (503
+// settlement_pending, the buyer charged), and the remote then stays down
+// past the 5 minutes its /supported is remembered (the crash that lost the
+// reply; after a restart with the remote down it is so from the start).
+// The member that settles F's payments is then the svm one (the remote no
+// longer answers), and the status question goes to it as if it had sent
+// the payment: it still reads the chain for the remote's transaction, and
+// the retry is served with it. (Before: read as its own, the landed send
+// it has no record of was "settled by another settlement", and the charged
+// buyer was refused 402 duplicate_settlement.)
+func TestMultiSiblingsSolanaSendReadByTheEmbeddedMemberOnceTheRemoteIsDown(t *testing.T) {
+	e := newSolanaEnv(t)
+	up := newReportingUpstream(t)
+	proxy := newLossyProxy(t, remoteSVMFacilitator(t, e), "lose_reply")
+	fac := fmt.Sprintf("multi {\n\t\t\t\thttp %s {\n\t\t\t\t\ttimeout 5s\n\t\t\t\t}\n\t\t\t\t%s\n\t\t\t}", proxy.URL, e.svmBlock())
+	url := startCaddy(t, solanaSite(up.URL, fac, e, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
+	payerBefore := e.usdc(t, e.payer.Address)
+
+	sig, txid := signSolana(t, e, url)
+	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "first try (reply lost)")
+	if n := proxy.settles.Load(); n != 1 {
+		t.Fatalf("%d settlements reached the remote, want 1", n)
+	}
+	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 {
+		t.Fatalf("payer charged %d after the lost reply, want 20000", got)
+	}
+	proxy.Close()
+	now = func() time.Time { return time.Now().Add(multiSupportedTTL + time.Minute) }
+	t.Cleanup(func() { now = time.Now })
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	for i := 0; i < 4 && resp.StatusCode == http.StatusServiceUnavailable; i++ {
+		// Not confirmed yet when asked: again.
+		resp.Body.Close()
+		time.Sleep(500 * time.Millisecond)
+		resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	}
+	wantPaidWith(t, e, resp, txid)
+	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 {
+		t.Errorf("payer charged %d in all, want 20000 (once)", got)
+	}
+}
+
 // multi { http <remote settling Solana with fee payer X, no rpc>; svm
 // <fee payer Y> }: a Solana payment is read by a member only when that
 // member manages the payment's fee payer, as it is settled only by one.
@@ -458,7 +501,8 @@ func TestMultiSiblingsSolanaSendReadThroughASharedRecordsStore(t *testing.T) {
 // svm member. (Before: the svm member counted as reading X's payments
 // too, so the payment counted readable and its status question went to
 // the svm member, which answered "fee payer is not this facilitator's"
-// for ever.)
+// for ever.) The svm member reads Y's as a sibling's send, as the remote
+// may have sent it; in a multi of embedded members only, as its own.
 func TestMultiReadsASolanaPaymentOnlyThroughItsFeePayersManager(t *testing.T) {
 	f, err := svmfacilitator.New(svmfacilitator.Config{RPC: &svmfacilitator.RPC{URL: "http://127.0.0.1:1"},
 		Network: x402.NetworkSolanaDevnet, FeePayer: svmfacilitator.DevFeePayer()})
@@ -498,7 +542,12 @@ func TestMultiReadsASolanaPaymentOnlyThroughItsFeePayersManager(t *testing.T) {
 	if !m.readsSettlements(ctx, own) {
 		t.Error("the svm member's own fee payer's payment counts unreadable; want it read by the svm member")
 	}
-	if got, _, _ := m.statusMember(ctx, own); got != x402.Facilitator(svm) {
-		t.Errorf("the svm member's own fee payer's status question goes to %T; want the svm member", got)
+	if got, sibling, _ := m.statusMember(ctx, own); got != x402.Facilitator(svm) || !sibling {
+		t.Errorf("the svm member's own fee payer's status question goes to %T, as a sibling's send %v; want the svm member, reading it as a sibling's: the remote may have sent it", got, sibling)
+	}
+	embedded := &MultiFacilitator{fs: []x402.Facilitator{svm}}
+	embedded.ready()
+	if got, sibling, _ := embedded.statusMember(ctx, own); got != x402.Facilitator(svm) || sibling {
+		t.Errorf("with embedded members only, the status question goes to %T, as a sibling's send %v; want the svm member, reading it as its own", got, sibling)
 	}
 }
