@@ -45,9 +45,13 @@ func newDB(t testing.TB) *store.DB {
 }
 
 // envelope returns a fresh unsigned envelope for want, issued at t0.
-func envelope(t testing.TB) *Envelope {
+func envelope(t testing.TB) *Envelope { return envelopeNaming(t, "seller-7") }
+
+// envelopeNaming is envelope naming agentID, which New takes as it is:
+// only signing and verifying judge an id.
+func envelopeNaming(t testing.TB, agentID string) *Envelope {
 	t.Helper()
-	e, err := New(Request{Method: "post", URL: "https://verifier.example/verify/schema?x=1", AgentID: "seller-7", Now: t0, Nonce: "abcdefghijklmnop1234"})
+	e, err := New(Request{Method: "post", URL: "https://verifier.example/verify/schema?x=1", AgentID: agentID, Now: t0, Nonce: "abcdefghijklmnop1234"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,6 +71,42 @@ func signed(t testing.TB, e *Envelope, key *ecdsa.PrivateKey) string {
 }
 
 func clock(at time.Time) func() time.Time { return func() time.Time { return at } }
+
+// signedAnyway returns e's header signed by otherKey over e's message as
+// it stands, without the checks Sign makes on it, as another client would
+// sign it: so a test sees what Verify does with a proof Sign refuses.
+func signedAnyway(t testing.TB, e *Envelope) string {
+	t.Helper()
+	e.Address, e.Type = crypto.PubkeyToAddress(otherKey.PublicKey).Hex(), TypeEIP191
+	sig, err := crypto.Sign(textHash(e.Message()), otherKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig[64] += 27
+	e.Signature = "0x" + hex.EncodeToString(sig)
+	hdr, err := e.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hdr
+}
+
+// verifyAfterIssue verifies hdr against want a second after t0, within
+// the proofs' lifetime.
+func verifyAfterIssue(hdr string) (Proof, error) {
+	v := &Verifier{Now: clock(t0.Add(time.Second))}
+	return v.Verify(context.Background(), hdr, want)
+}
+
+// agentIDRefusal returns err as the 401 refusal naming agent_id
+// (malformed), or nil when err is anything else.
+func agentIDRefusal(err error) *Error {
+	var we *Error
+	if !errors.As(err, &we) || we.Kind != ErrMalformed || we.Field != "agent_id" {
+		return nil
+	}
+	return we
+}
 
 func TestNewFillsTheFormat(t *testing.T) {
 	e := envelope(t)
@@ -467,41 +507,19 @@ func TestAgentIDInvisibleCharactersRefused(t *testing.T) {
 		victim + "\u2800", // Braille pattern blank
 		"0x52908400098527886\u04150F7030069857D2E4169EE7", // the victim's address with a Cyrillic Е
 	} {
-		e, err := New(Request{Method: "POST", URL: "https://verifier.example/verify/schema", AgentID: id, Now: t0, Nonce: "abcdefghijklmnop1234"})
-		if err != nil {
-			t.Fatal(err)
-		}
+		e := envelopeNaming(t, id)
 		if err := e.Sign(otherKey); err == nil {
 			t.Errorf("agent_id %q: signed, want refused", id)
 		}
-		e.Address, e.Type = crypto.PubkeyToAddress(otherKey.PublicKey).Hex(), TypeEIP191
-		sig, err := crypto.Sign(textHash(e.Message()), otherKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sig[64] += 27
-		e.Signature = "0x" + hex.EncodeToString(sig)
-		hdr, err := e.Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		v := &Verifier{Now: func() time.Time { return t0.Add(time.Second) }}
-		p, err := v.Verify(context.Background(), hdr, want)
-		var we *Error
-		if err == nil || !errors.As(err, &we) || we.Kind != ErrMalformed || we.Field != "agent_id" {
+		p, err := verifyAfterIssue(signedAnyway(t, e))
+		if agentIDRefusal(err) == nil {
 			t.Errorf("agent_id %q: accepted (AgentID %q, wallet %s), err %v; want 401 malformed naming X-Wallet-Auth.agent_id (not printable)", id, p.AgentID, p.Wallet(), err)
 		}
 	}
 	// Printable ids, a space inside and letters of any script among them,
 	// stay bindable.
 	for _, id := range []string{"my agent", "café-✓", "代理人", "seller-7"} {
-		e, _ := New(Request{Method: "POST", URL: "https://verifier.example/verify/schema", AgentID: id, Now: t0, Nonce: "abcdefghijklmnop1234"})
-		if err := e.Sign(otherKey); err != nil {
-			t.Fatal(err)
-		}
-		hdr, _ := e.Encode()
-		v := &Verifier{Now: func() time.Time { return t0.Add(time.Second) }}
-		if p, err := v.Verify(context.Background(), hdr, want); err != nil || p.AgentID != id {
+		if p, err := verifyAfterIssue(signed(t, envelopeNaming(t, id), otherKey)); err != nil || p.AgentID != id {
 			t.Errorf("agent_id %q: %v (AgentID %q), want accepted", id, err, p.AgentID)
 		}
 	}
@@ -521,39 +539,17 @@ func TestAgentIDLookalikeAddressRefused(t *testing.T) {
 		"GbYbV\u0425rgsSRzBaoBZiJjLxkUaJawVYAGCWvqRmgQGnkP", // reads as GbYbVXrgs…, a Solana wallet
 		"0x529\u31478400098527886E0F7030069857D2E4169EE7",   // reads as 0x52908400…
 	} {
-		e, err := New(Request{Method: "POST", URL: "https://verifier.example/verify/schema", AgentID: imitation, Now: t0, Nonce: "abcdefghijklmnop1234"})
-		if err != nil {
-			t.Fatal(err)
-		}
+		e := envelopeNaming(t, imitation)
 		if err := e.Sign(otherKey); err == nil {
 			t.Errorf("agent_id %q: signed, want refused", imitation)
 		}
-		e.Address, e.Type = crypto.PubkeyToAddress(otherKey.PublicKey).Hex(), TypeEIP191
-		sig, err := crypto.Sign(textHash(e.Message()), otherKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sig[64] += 27
-		e.Signature = "0x" + hex.EncodeToString(sig)
-		hdr, err := e.Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		v := &Verifier{Now: func() time.Time { return t0.Add(time.Second) }}
-		p, err := v.Verify(context.Background(), hdr, want)
-		var we *Error
-		if !errors.As(err, &we) || we.Kind != ErrMalformed || we.Field != "agent_id" || we.Problem != "writes an address in lookalike characters" {
+		p, err := verifyAfterIssue(signedAnyway(t, e))
+		if we := agentIDRefusal(err); we == nil || we.Problem != "writes an address in lookalike characters" {
 			t.Errorf("agent_id %q: accepted (AgentID %q), err %v; want 401 malformed agent_id, an address in lookalike characters", imitation, p.AgentID, err)
 		}
 	}
 	for _, id := range []string{"代理人-0x9858EfFD232B4033E47d90003D41EC34EcaEda94", "café-build-3f9a1c2e4b5d6f708192a3b4c5d6e7f8a9b0c1d2"} {
-		e, _ := New(Request{Method: "POST", URL: "https://verifier.example/verify/schema", AgentID: id, Now: t0, Nonce: "abcdefghijklmnop1234"})
-		if err := e.Sign(otherKey); err != nil {
-			t.Fatalf("agent_id %q: %v", id, err)
-		}
-		hdr, _ := e.Encode()
-		v := &Verifier{Now: func() time.Time { return t0.Add(time.Second) }}
-		if p, err := v.Verify(context.Background(), hdr, want); err != nil || p.AgentID != id {
+		if p, err := verifyAfterIssue(signed(t, envelopeNaming(t, id), otherKey)); err != nil || p.AgentID != id {
 			t.Errorf("agent_id %q: %v (AgentID %q), want accepted", id, err, p.AgentID)
 		}
 	}
@@ -569,29 +565,15 @@ func TestAgentIDTestPrefixLookalikeRefused(t *testing.T) {
 		id string
 		ok bool
 	}{{"t\u0435st-agent", false}, {"test-agent", true}, {"my-t\u0435st-agent", true}} {
-		e := envelope(t)
-		e.AgentID = c.id
+		e := envelopeNaming(t, c.id)
 		if err := e.Sign(otherKey); (err == nil) != c.ok {
 			t.Errorf("agent_id %q: signing: %v, want accepted %v", c.id, err, c.ok)
 		}
 		if c.ok {
 			continue
 		}
-		e.Address, e.Type = crypto.PubkeyToAddress(otherKey.PublicKey).Hex(), TypeEIP191
-		sig, err := crypto.Sign(textHash(e.Message()), otherKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sig[64] += 27
-		e.Signature = "0x" + hex.EncodeToString(sig)
-		hdr, err := e.Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		v := &Verifier{Now: clock(t0.Add(time.Second))}
-		p, err := v.Verify(context.Background(), hdr, want)
-		var we *Error
-		if !errors.As(err, &we) || we.Kind != ErrMalformed || we.Field != "agent_id" || we.Problem != "writes test- in lookalike characters" {
+		p, err := verifyAfterIssue(signedAnyway(t, e))
+		if we := agentIDRefusal(err); we == nil || we.Problem != "writes test- in lookalike characters" {
 			t.Errorf("agent_id %q: accepted (AgentID %q), err %v; want 401 malformed agent_id, test- in lookalike characters", c.id, p.AgentID, err)
 		}
 	}
@@ -610,26 +592,12 @@ func TestAgentIDUnmappedLookalikeRefused(t *testing.T) {
 		{"0x27b1f\u023804752bbc536007a920d24acb045561c26", "writes an address in lookalike characters"},  // 0x27b1fdb0…
 		{"test\u058aagent", "writes test- in lookalike characters"},
 	} {
-		e := envelope(t)
-		e.AgentID = c.id
+		e := envelopeNaming(t, c.id)
 		if err := e.Sign(otherKey); err == nil {
 			t.Errorf("agent_id %q: signed, want refused", c.id)
 		}
-		e.Address, e.Type = crypto.PubkeyToAddress(otherKey.PublicKey).Hex(), TypeEIP191
-		sig, err := crypto.Sign(textHash(e.Message()), otherKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sig[64] += 27
-		e.Signature = "0x" + hex.EncodeToString(sig)
-		hdr, err := e.Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		v := &Verifier{Now: clock(t0.Add(time.Second))}
-		p, err := v.Verify(context.Background(), hdr, want)
-		var we *Error
-		if !errors.As(err, &we) || we.Kind != ErrMalformed || we.Field != "agent_id" || we.Problem != c.problem {
+		p, err := verifyAfterIssue(signedAnyway(t, e))
+		if we := agentIDRefusal(err); we == nil || we.Problem != c.problem {
 			t.Errorf("agent_id %q: accepted (AgentID %q, bound to %s), err %v; want 401 malformed agent_id, %s", c.id, p.AgentID, p.Address, err, c.problem)
 		}
 	}
