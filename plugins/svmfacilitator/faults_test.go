@@ -63,7 +63,7 @@ func (f *faultyRPC) serve(t *testing.T) string {
 			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(req.ID) + `,"result":{"context":{"slot":1},"value":true}}`))
 			return
 		case req.Method == "getSignatureStatuses" && hide:
-			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(req.ID) + `,"result":{"context":{"slot":1},"value":[null]}}`))
+			replyNoStatus(w, req.ID)
 			return
 		}
 		resp, err := http.Post(target, "application/json", bytes.NewReader(body))

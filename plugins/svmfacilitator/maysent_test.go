@@ -25,24 +25,10 @@ import (
 // success false, facilitator_unavailable, and a remote gate takes for
 // "nothing was charged, pay again".)
 func TestSettleReplayOfLandedSendStoreDownIsPending(t *testing.T) {
-	c := newCrashTest(t)
+	c, sig := landedBeforeRestart(t, false)
 	e, pp := c.e, c.pp
-	_, sig := c.sentUnanswered(t, func(ctx context.Context, hash [32]byte) error {
-		_, err := e.f.remember(ctx, hash, &settlement{})
-		return err
-	})
-	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
-		t.Fatalf("balances payer %d payee %d; want the first send landed", a, b)
-	}
 	// The restart, with the store of sends down.
-	c.db.Close()
-	cfg := e.f.cfg
-	cfg.RPC, cfg.Sent = &RPC{URL: e.chain.URL}, sentOf(c.db)
-	restarted, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer restarted.Close()
+	restarted := restartedOn(t, c, e.chain.URL, sentOf(c.db), nil)
 	srv := httptest.NewServer(x402.NewFacilitatorHandler(restarted))
 	defer srv.Close()
 	body, _ := json.Marshal(map[string]any{"x402Version": 2, "paymentPayload": pp, "paymentRequirements": e.req})
@@ -64,12 +50,7 @@ func TestSettleReplayOfLandedSendStoreDownIsPending(t *testing.T) {
 	}
 	// The store back: the record is read, adopted, and answered success.
 	c.db = openStore(t, c.dir)
-	cfg.Sent = sentOf(c.db)
-	back, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer back.Close()
+	back := restartedOn(t, c, e.chain.URL, sentOf(c.db), nil)
 	if r, err := back.Settle(context.Background(), pp, e.req); err != nil || !r.Success || r.Transaction != sig {
 		t.Errorf("replay with the store back: %+v %v; want success naming %s", r, err, sig)
 	}
@@ -95,8 +76,7 @@ func TestSettleLookUpFailingIsUnknownOutcome(t *testing.T) {
 		case method == "sendTransaction":
 			sends.Add(1)
 		case method == "getSignatureStatuses" && failing.Load():
-			w.WriteHeader(http.StatusServiceUnavailable)
-			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"error":{"code":-32603,"message":"upstream unavailable"}}`))
+			replyUnavailable(w, id)
 			return true
 		}
 		return false
@@ -130,10 +110,12 @@ func TestSettleLookUpFailingIsUnknownOutcome(t *testing.T) {
 // landedBeforeRestart is a payment whose transaction this fee payer sent
 // and which landed (the payer is charged) while its Settle never answered
 // (the process stopped mid-settle), its record in the store of sends left
-// unanswered; the store is closed, as by the crash. It returns the
+// unanswered; the store is closed, as by the crash, and, with storeBack,
+// opened again, as a restart finds it. It returns the crash and the
 // transaction's signature.
-func landedBeforeRestart(t *testing.T, c *crashTest) string {
+func landedBeforeRestart(t *testing.T, storeBack bool) (*crashTest, string) {
 	t.Helper()
+	c := newCrashTest(t)
 	e := c.e
 	_, sig := c.sentUnanswered(t, func(ctx context.Context, hash [32]byte) error {
 		_, err := e.f.remember(ctx, hash, &settlement{})
@@ -143,7 +125,10 @@ func landedBeforeRestart(t *testing.T, c *crashTest) string {
 		t.Fatalf("balances payer %d payee %d; want the first send landed", a, b)
 	}
 	c.db.Close()
-	return sig
+	if storeBack {
+		c.db = openStore(t, c.dir)
+	}
+	return c, sig
 }
 
 // restartedOn is c's facilitator started again with node as its RPC
@@ -165,10 +150,11 @@ func restartedOn(t *testing.T, c *crashTest, node string, sent SentStore, tune f
 
 // replayIsPending checks a Settle's answer (r, err) to the replay of c's
 // payment, whose transaction sig landed before the restart: an unknown
-// outcome naming sig, nothing sent again, the payer charged once; and, as
-// the facilitator API answers the same replay (settle), settlement_pending
-// naming it, which a remote gate's client reads as an unknown outcome.
-func replayIsPending(t *testing.T, c *crashTest, sig string, r x402.SettleResponse, err error, settle func() (x402.SettleResponse, error)) {
+// outcome naming sig, the payer charged once; and, as the facilitator API
+// answers the same replay (settle), settlement_pending naming it, which a
+// remote gate's client reads as an unknown outcome; and, after both, no
+// send of it again to the node (sent counts them).
+func replayIsPending(t *testing.T, c *crashTest, sig string, r x402.SettleResponse, err error, settle func() (x402.SettleResponse, error), sent func() int) {
 	t.Helper()
 	var unknown *x402.UnknownOutcomeError
 	if !errors.As(err, &unknown) || unknown.Reply == nil || unknown.Reply.ErrorReason != ReasonSettlementPending || unknown.Reply.Transaction != sig {
@@ -177,12 +163,14 @@ func replayIsPending(t *testing.T, c *crashTest, sig string, r x402.SettleRespon
 	if a, b := c.e.balances(t); a != 1_000_000-20000 || b != 20000 {
 		t.Fatalf("balances payer %d payee %d; want the payment once", a, b)
 	}
-	if settle == nil {
-		return
+	if settle != nil {
+		got, err := settle()
+		if !errors.As(err, &unknown) || unknown.Reply == nil || unknown.Reply.ErrorReason != ReasonSettlementPending || unknown.Reply.Transaction != sig {
+			t.Errorf("the remote gate's client read the replay as %+v, %v; want an unknown outcome naming %s", got, err, sig)
+		}
 	}
-	got, err := settle()
-	if !errors.As(err, &unknown) || unknown.Reply == nil || unknown.Reply.ErrorReason != ReasonSettlementPending || unknown.Reply.Transaction != sig {
-		t.Errorf("the remote gate's client read the replay as %+v, %v; want an unknown outcome naming %s", got, err, sig)
+	if n := sent(); n != 0 {
+		t.Errorf("the landed transaction sent %d times again; want none (the payer was charged)", n)
 	}
 }
 
@@ -205,15 +193,11 @@ func throughAPI(t *testing.T, f *Facilitator, p x402.PaymentPayload, req x402.Pa
 // answers success false, facilitator_unavailable, "nothing charged, send
 // the same payment again", and a remote gate released the payment.)
 func TestSettleReplayOfLandedSendLaggingNodeStoreDownIsPending(t *testing.T) {
-	c := newCrashTest(t)
-	sig := landedBeforeRestart(t, c)
+	c, sig := landedBeforeRestart(t, false)
 	node := newBehindNode(t, c.e.chain.URL, 2)
 	f := restartedOn(t, c, node.URL, sentOf(c.db), nil)
 	r, err := f.Settle(context.Background(), c.pp, c.e.req)
-	replayIsPending(t, c, sig, r, err, throughAPI(t, f, c.pp, c.e.req))
-	if node.sent() != 0 {
-		t.Errorf("sent %d times with the store down; want none", node.sent())
-	}
+	replayIsPending(t, c, sig, r, err, throughAPI(t, f, c.pp, c.e.req), node.sent)
 }
 
 // The same replay through a node that lags a slot at the look-up and then
@@ -222,29 +206,18 @@ func TestSettleReplayOfLandedSendLaggingNodeStoreDownIsPending(t *testing.T) {
 // settlement_pending naming the transaction. (Before: the plain error
 // "verifying before settlement", answered "nothing charged".)
 func TestSettleReplayOfLandedSendLaggingNodeSimulationFailingIsPending(t *testing.T) {
-	c := newCrashTest(t)
-	sig := landedBeforeRestart(t, c)
-	c.db = openStore(t, c.dir)
-	var statuses, simulations atomic.Int32
-	node := proxy(t, c.e.chain.URL, func(w http.ResponseWriter, id json.RawMessage, method string, _ []json.RawMessage) bool {
-		switch {
-		case method == "getSignatureStatuses" && statuses.Add(1) <= 2:
-			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":{"context":{"slot":1},"value":[null]}}`))
-			return true
-		case method == "simulateTransaction":
-			simulations.Add(1)
-			w.WriteHeader(http.StatusServiceUnavailable)
-			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"error":{"code":-32603,"message":"upstream unavailable"}}`))
-			return true
-		}
-		return false
-	}, nil)
-	f := restartedOn(t, c, node, sentOf(c.db), nil)
+	c, sig := landedBeforeRestart(t, true)
+	var simulations atomic.Int32
+	node := newBehindNodeSimulating(t, c.e.chain.URL, 2, func(w http.ResponseWriter, id json.RawMessage) {
+		simulations.Add(1)
+		replyUnavailable(w, id)
+	})
+	f := restartedOn(t, c, node.URL, sentOf(c.db), nil)
 	r, err := f.Settle(context.Background(), c.pp, c.e.req)
 	if simulations.Load() == 0 {
 		t.Fatal("no simulation asked; the test needs the Settle to reach it")
 	}
-	replayIsPending(t, c, sig, r, err, throughAPI(t, f, c.pp, c.e.req))
+	replayIsPending(t, c, sig, r, err, throughAPI(t, f, c.pp, c.e.req), node.sent)
 	// The node answering again, the record is found and followed.
 	again := restartedOn(t, c, c.e.chain.URL, sentOf(c.db), nil)
 	if r, err := again.Settle(context.Background(), c.pp, c.e.req); err != nil || !r.Success || r.Transaction != sig {
@@ -258,18 +231,14 @@ func TestSettleReplayOfLandedSendLaggingNodeSimulationFailingIsPending(t *testin
 // naming the transaction, never a refusal or "nothing sent". (Before: the
 // plain error "reading the record of the transaction".)
 func TestSettleReplayOfLandedSendOverBudgetRecordUnreadableIsPending(t *testing.T) {
-	c := newCrashTest(t)
-	sig := landedBeforeRestart(t, c)
+	c, sig := landedBeforeRestart(t, false)
 	node := newBehindNode(t, c.e.chain.URL, 2)
 	f := restartedOn(t, c, node.URL, sentOf(c.db), func(cfg *Config) { cfg.MaxInFlightPerPayer = 1 })
 	if reason, _ := f.budget.reserve(f.checkStatic(c.pp, c.e.req, false).exposure); reason != "" {
 		t.Fatal(reason)
 	}
 	r, err := f.Settle(context.Background(), c.pp, c.e.req)
-	replayIsPending(t, c, sig, r, err, nil)
-	if node.sent() != 0 {
-		t.Errorf("sent %d times; want none", node.sent())
-	}
+	replayIsPending(t, c, sig, r, err, nil, node.sent)
 }
 
 // The same replay through a closed facilitator (its configuration
@@ -278,9 +247,7 @@ func TestSettleReplayOfLandedSendOverBudgetRecordUnreadableIsPending(t *testing.
 // its cause ErrClosed. (Before: ErrClosed alone, which said nothing was
 // sent and to send the payment again, answered "nothing charged".)
 func TestSettleReplayOfLandedSendLaggingNodeClosedIsPending(t *testing.T) {
-	c := newCrashTest(t)
-	sig := landedBeforeRestart(t, c)
-	c.db = openStore(t, c.dir)
+	c, sig := landedBeforeRestart(t, true)
 	node := newBehindNode(t, c.e.chain.URL, 2)
 	f := restartedOn(t, c, node.URL, sentOf(c.db), nil)
 	f.Close()
@@ -288,10 +255,7 @@ func TestSettleReplayOfLandedSendLaggingNodeClosedIsPending(t *testing.T) {
 	if !errors.Is(err, ErrClosed) {
 		t.Errorf("replay through a closed facilitator: %+v %v; want ErrClosed its cause", r, err)
 	}
-	replayIsPending(t, c, sig, r, err, throughAPI(t, f, c.pp, c.e.req))
-	if node.sent() != 0 {
-		t.Errorf("sent %d times by the closed facilitator; want none", node.sent())
-	}
+	replayIsPending(t, c, sig, r, err, throughAPI(t, f, c.pp, c.e.req), node.sent)
 }
 
 // The same replay whose caller goes away while the node simulates it (the
@@ -300,33 +264,17 @@ func TestSettleReplayOfLandedSendLaggingNodeClosedIsPending(t *testing.T) {
 // transaction, never "nothing sent". (Before: a plain error, "before
 // settlement: context canceled".)
 func TestSettleReplayOfLandedSendCallerGoneIsPending(t *testing.T) {
-	c := newCrashTest(t)
-	sig := landedBeforeRestart(t, c)
-	c.db = openStore(t, c.dir)
+	c, sig := landedBeforeRestart(t, true)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var statuses, sends atomic.Int32
-	node := proxy(t, c.e.chain.URL, func(w http.ResponseWriter, id json.RawMessage, method string, _ []json.RawMessage) bool {
-		switch {
-		case method == "getSignatureStatuses" && statuses.Add(1) <= 1:
-			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":{"context":{"slot":1},"value":[null]}}`))
-			return true
-		case method == "simulateTransaction":
-			cancel() // the caller goes away while the node simulates
-			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":{"context":{"slot":1},"value":{"err":null,"logs":[]}}}`))
-			return true
-		case method == "sendTransaction":
-			sends.Add(1)
-		}
-		return false
-	}, nil)
-	f := restartedOn(t, c, node, sentOf(c.db), nil)
+	node := newBehindNodeSimulating(t, c.e.chain.URL, 1, func(w http.ResponseWriter, id json.RawMessage) {
+		cancel() // the caller goes away while the node simulates
+		replySimulated(w, id)
+	})
+	f := restartedOn(t, c, node.URL, sentOf(c.db), nil)
 	r, err := f.Settle(ctx, c.pp, c.e.req)
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("replay whose caller went away: %+v %v; want context.Canceled its cause", r, err)
 	}
-	replayIsPending(t, c, sig, r, err, nil)
-	if n := sends.Load(); n != 0 {
-		t.Errorf("sent %d times for a caller gone; want none", n)
-	}
+	replayIsPending(t, c, sig, r, err, nil, node.sent)
 }

@@ -60,7 +60,7 @@ func slowPoolNode(t *testing.T, upstream string, behind *atomic.Bool) string {
 		}
 		switch method {
 		case "getSignatureStatuses":
-			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":{"context":{"slot":1},"value":[null]}}`))
+			replyNoStatus(w, id)
 		case "isBlockhashValid":
 			var cfg struct {
 				MinContextSlot uint64 `json:"minContextSlot"`

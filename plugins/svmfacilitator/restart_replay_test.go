@@ -37,6 +37,12 @@ type behindNode struct {
 }
 
 func newBehindNode(t *testing.T, upstream string, lag int) *behindNode {
+	return newBehindNodeSimulating(t, upstream, lag, replySimulated)
+}
+
+// newBehindNodeSimulating is newBehindNode answering each simulation with
+// simulate (a failing node, a caller going away mid-simulation) instead.
+func newBehindNodeSimulating(t *testing.T, upstream string, lag int, simulate func(w http.ResponseWriter, id json.RawMessage)) *behindNode {
 	n := &behindNode{}
 	statuses := 0
 	n.URL = proxy(t, upstream, func(w http.ResponseWriter, id json.RawMessage, method string, params []json.RawMessage) bool {
@@ -48,9 +54,9 @@ func newBehindNode(t *testing.T, upstream string, lag int) *behindNode {
 			if statuses > lag {
 				return false
 			}
-			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":{"context":{"slot":1},"value":[null]}}`))
+			replyNoStatus(w, id)
 		case "simulateTransaction":
-			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":{"context":{"slot":1},"value":{"err":null,"logs":[]}}}`))
+			simulate(w, id)
 		case "sendTransaction":
 			n.sends++
 			var s string

@@ -50,6 +50,25 @@ func proxy(t *testing.T, upstream string, answer func(w http.ResponseWriter, id 
 	return srv.URL
 }
 
+// replyNoStatus answers getSignatureStatuses as a node at slot 1 that has
+// not seen the transaction.
+func replyNoStatus(w http.ResponseWriter, id json.RawMessage) {
+	w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":{"context":{"slot":1},"value":[null]}}`))
+}
+
+// replySimulated answers simulateTransaction as a node at slot 1 whose
+// simulation passed.
+func replySimulated(w http.ResponseWriter, id json.RawMessage) {
+	w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":{"context":{"slot":1},"value":{"err":null,"logs":[]}}}`))
+}
+
+// replyUnavailable answers as a proxy whose node is down: 503 and a
+// JSON-RPC internal error.
+func replyUnavailable(w http.ResponseWriter, id json.RawMessage) {
+	w.WriteHeader(http.StatusServiceUnavailable)
+	w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"error":{"code":-32603,"message":"upstream unavailable"}}`))
+}
+
 // loseReply breaks the connection: the caller gets no answer.
 func loseReply(w http.ResponseWriter) {
 	if hj, ok := w.(http.Hijacker); ok {
