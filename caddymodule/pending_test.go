@@ -756,50 +756,14 @@ func loneGateName(t *testing.T) string {
 func TestGateNameStaysAcrossReloadsWithAutomaticHTTPSRedirects(t *testing.T) {
 	httpPort, httpsPort, dir := freePort(t), freePort(t), t.TempDir()
 	config := func(hosts string) []byte {
-		cfg := fmt.Sprintf(`{
-	admin off
-	persist_config off
-	http_port %d
-	https_port %d
-	local_certs
-	skip_install_trust
-	storage file_system %s
-	log {
-		output discard
-	}
-}
-%s {
+		return autoHTTPSConfig(t, httpPort, httpsPort, hosts+` {
 	respond "tls"
 }
-http://:%d {
-	route /v1/* {
-		x402 {
-			accept devnet $0.02 %s
-			facilitator http http://127.0.0.1:1
-			store badger %s
-		}
-		respond "ok"
-	}
-}
-`, httpPort, httpsPort, caddyStorage, hosts, httpPort, payTo.Hex(), dir)
-		js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return js
+`, dir)
 	}
 	t.Cleanup(func() { caddy.Stop() })
 	hosts := "a.localhost, b.localhost, c.localhost, d.localhost, e.localhost"
-	names := map[string]bool{}
-	for range 8 {
-		if err := caddy.Load(config(hosts), true); err != nil {
-			t.Fatal(err)
-		}
-		names[loneGateName(t)] = true
-	}
-	if len(names) != 1 {
-		t.Fatalf("8 loads of the same config named the gate %d ways; want one name", len(names))
-	}
+	names := gateNamesOverLoads(t, config(hosts), 8)
 	if err := caddy.Load(config(strings.Replace(hosts, "e.localhost", "f.localhost", 1)), true); err != nil {
 		t.Fatal(err)
 	}
@@ -808,13 +772,12 @@ http://:%d {
 	}
 }
 
-// With sites on two HTTPS ports, automatic HTTPS puts one redirect route
-// per port into the server on the HTTP port, ordered by the first host of
-// each one's host list, which Caddy builds in Go map order. A gate of an
-// http:// site keeps its name across loads of the same config. (Before: 10
-// loads named it 2 ways, as the name read the routes' matchers in order.)
-func TestGateNameStaysWithRedirectsToTwoHTTPSPorts(t *testing.T) {
-	httpPort, httpsPort, otherPort, dir := freePort(t), freePort(t), freePort(t), t.TempDir()
+// autoHTTPSConfig is a Caddy config, adapted from a Caddyfile, with
+// automatic HTTPS on (local certificates) on httpPort and httpsPort:
+// tlsSites, then an http:// site on httpPort whose /v1/* is paid through
+// a gate storing in dir.
+func autoHTTPSConfig(t *testing.T, httpPort, httpsPort int, tlsSites, dir string) []byte {
+	t.Helper()
 	cfg := fmt.Sprintf(`{
 	admin off
 	persist_config off
@@ -827,12 +790,7 @@ func TestGateNameStaysWithRedirectsToTwoHTTPSPorts(t *testing.T) {
 		output discard
 	}
 }
-a.localhost, bbbbbbbbbbbbbbbbbbbb.localhost {
-	respond "tls"
-}
-cccccccc.localhost:%d {
-	respond "tls2"
-}
+%s
 http://:%d {
 	route /v1/* {
 		x402 {
@@ -843,22 +801,48 @@ http://:%d {
 		respond "ok"
 	}
 }
-`, httpPort, httpsPort, caddyStorage, otherPort, httpPort, payTo.Hex(), dir)
+`, httpPort, httpsPort, caddyStorage, tlsSites, httpPort, payTo.Hex(), dir)
 	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { caddy.Stop() })
+	return js
+}
+
+// gateNamesOverLoads loads js n times, failing unless every load names
+// the one gate alike, and returns that name (as a set, for a later load
+// to be checked against).
+func gateNamesOverLoads(t *testing.T, js []byte, n int) map[string]bool {
+	t.Helper()
 	names := map[string]bool{}
-	for range 10 {
+	for range n {
 		if err := caddy.Load(js, true); err != nil {
 			t.Fatal(err)
 		}
 		names[loneGateName(t)] = true
 	}
 	if len(names) != 1 {
-		t.Fatalf("10 loads of the same config named the gate %d ways; want one name", len(names))
+		t.Fatalf("%d loads of the same config named the gate %d ways; want one name", n, len(names))
 	}
+	return names
+}
+
+// With sites on two HTTPS ports, automatic HTTPS puts one redirect route
+// per port into the server on the HTTP port, ordered by the first host of
+// each one's host list, which Caddy builds in Go map order. A gate of an
+// http:// site keeps its name across loads of the same config. (Before: 10
+// loads named it 2 ways, as the name read the routes' matchers in order.)
+func TestGateNameStaysWithRedirectsToTwoHTTPSPorts(t *testing.T) {
+	httpPort, httpsPort, otherPort, dir := freePort(t), freePort(t), freePort(t), t.TempDir()
+	js := autoHTTPSConfig(t, httpPort, httpsPort, fmt.Sprintf(`a.localhost, bbbbbbbbbbbbbbbbbbbb.localhost {
+	respond "tls"
+}
+cccccccc.localhost:%d {
+	respond "tls2"
+}
+`, otherPort), dir)
+	t.Cleanup(func() { caddy.Stop() })
+	gateNamesOverLoads(t, js, 10)
 }
 
 // A gate's proxy goes on to another site of the same Caddy (one of its own
@@ -909,17 +893,7 @@ func upstreamMovesBehindAnotherSite(t *testing.T, inner int, other func(backend 
 	a, b := newReportingUpstream(t), newReportingUpstream(t)
 	dir := t.TempDir()
 	site := func(u *reportingUpstream) string {
-		return fmt.Sprintf(`:{port} {
-	route /verify/schema {
-		x402 {
-			accept devnet $0.02 %[1]s
-			facilitator faulty_devnet lose_reply_stall
-			store badger %[2]s
-		}
-		reverse_proxy 127.0.0.1:%[3]d
-	}
-}
-`, payTo.Hex(), dir, inner) + other(strings.TrimPrefix(u.URL, "http://"))
+		return faultyGateSite("lose_reply_stall", dir, fmt.Sprintf("reverse_proxy 127.0.0.1:%d", inner)) + other(strings.TrimPrefix(u.URL, "http://"))
 	}
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
 	port := freePort(t)
@@ -931,11 +905,7 @@ func upstreamMovesBehindAnotherSite(t *testing.T, inner int, other func(backend 
 		t.Fatal("a reload of the same config renamed the gate")
 	}
 	url := fmt.Sprintf("http://127.0.0.1:%d/verify/schema", port)
-	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 9)
-	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
-	if body := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("paid call: %d %.300s; want 503 settlement_pending", resp.StatusCode, body)
-	}
+	paidCallHeld(t, url, nil, "paid call")
 	resolveInterval = 300 * time.Millisecond
 	loadCaddyServers(t, port, "", logFile, site(b)) // the other site now goes to B
 	if loneGateName(t) == first {
@@ -969,17 +939,7 @@ func TestGateNameCoversRoutesWithinAnotherSitesHandlers(t *testing.T) {
 	dir, www := t.TempDir(), t.TempDir()
 	inner := freePort(t)
 	site := func(onError string) string {
-		return fmt.Sprintf(`:{port} {
-	route /verify/schema {
-		x402 {
-			accept devnet $0.02 %[1]s
-			facilitator faulty_devnet lose_reply
-			store badger %[2]s
-		}
-		reverse_proxy 127.0.0.1:%[3]d
-	}
-}
-:%[3]d {
+		return faultyGateSite("lose_reply", dir, fmt.Sprintf("reverse_proxy 127.0.0.1:%d", inner)) + fmt.Sprintf(`:%[1]d {
 	encode gzip zstd
 	header X-A {http.request.uuid}
 	basic_auth /admin/* {
@@ -993,7 +953,7 @@ func TestGateNameCoversRoutesWithinAnotherSitesHandlers(t *testing.T) {
 	rewrite @re /y/{re.1}
 	templates
 	file_server /files/* browse {
-		root %[4]s
+		root %[2]s
 	}
 	reverse_proxy /dyn/* {
 		dynamic a example.invalid 80
@@ -1017,11 +977,11 @@ func TestGateNameCoversRoutesWithinAnotherSitesHandlers(t *testing.T) {
 	reverse_proxy 127.0.0.1:6 {
 		@failed status 5xx
 		handle_response @failed {
-			reverse_proxy %[5]s
+			reverse_proxy %[3]s
 		}
 	}
 }
-`, payTo.Hex(), dir, inner, www, onError)
+`, inner, www, onError)
 	}
 	port := freePort(t)
 	loadCaddyServers(t, port, "", "", site("127.0.0.1:7"))
@@ -1045,44 +1005,28 @@ func TestGateNameCoversRoutesWithinAnotherSitesHandlers(t *testing.T) {
 // one keeps its name.
 func TestGateNameCoversItsOwnServersNamedAndResponseRoutes(t *testing.T) {
 	_, _ = sharedDevnet(t)
-	sites := map[string]string{
-		"named route": `&(backend) {
-	reverse_proxy %[3]s
+	sites := map[string]func(dir, backend string) string{
+		"named route": func(dir, backend string) string {
+			return fmt.Sprintf(`&(backend) {
+	reverse_proxy %s
 }
-:{port} {
-	route /verify/schema {
-		x402 {
-			accept devnet $0.02 %[1]s
-			facilitator faulty_devnet lose_reply
-			store badger %[2]s
-		}
-		invoke backend
-	}
-}
-`,
-		"handle_response": `:{port} {
-	route /verify/schema {
-		x402 {
-			accept devnet $0.02 %[1]s
-			facilitator faulty_devnet lose_reply
-			store badger %[2]s
-		}
-		reverse_proxy 127.0.0.1:6 {
+`, backend) + faultyGateSite("lose_reply", dir, "invoke backend")
+		},
+		"handle_response": func(dir, backend string) string {
+			return faultyGateSite("lose_reply", dir, fmt.Sprintf(`reverse_proxy 127.0.0.1:6 {
 			@failed status 5xx
 			handle_response @failed {
-				reverse_proxy %[3]s
+				reverse_proxy %s
 			}
-		}
-	}
-}
-`,
+		}`, backend))
+		},
 	}
 	t.Cleanup(func() { caddy.Stop() })
 	for what, site := range sites {
 		dir, port := t.TempDir(), freePort(t)
 		load := func(backend string) string {
 			t.Helper()
-			loadCaddyServers(t, port, "", "", fmt.Sprintf(site, payTo.Hex(), dir, backend))
+			loadCaddyServers(t, port, "", "", site(dir, backend))
 			return loneGateName(t)
 		}
 		first := load("127.0.0.1:7")

@@ -68,28 +68,10 @@ func TestBatchedReportsGoOnlyWithReportsOfTheirHost(t *testing.T) {
 	_, _ = sharedDevnet(t)
 	release := stallChain(t)
 	a, b := newSlowReportUpstream(t, "tenantA"), newSlowReportUpstream(t, "tenantB")
-	site := fmt.Sprintf(`:{port} {
-	route /verify/schema {
-		x402 {
-			accept devnet $0.02 %[1]s
-			facilitator faulty_devnet lose_reply_stall
-			store badger %[2]s
-			public_base_url https://gateway.test
-		}
-		@a host a.test
-		reverse_proxy @a %[3]s
-		@b host b.test
-		reverse_proxy @b %[4]s
-	}
-}
-`, payTo.Hex(), filepath.Join(t.TempDir(), "gate"), strings.TrimPrefix(a.URL, "http://"), strings.TrimPrefix(b.URL, "http://"))
+	site := faultyGateSite("lose_reply_stall", filepath.Join(t.TempDir(), "gate"), twoTenants(a.URL, b.URL), "public_base_url https://gateway.test")
 	url := startCaddy(t, site) + "/verify/schema"
 	for _, host := range []string{"a.test", "b.test", "a.test", "b.test"} {
-		sig := signFor(t, paymentRequired(t, post(t, url, "", map[string]string{"Host": host})), 9)
-		resp := post(t, url, validRequest, map[string]string{"Host": host, x402.HeaderPaymentSignature: sig})
-		if body := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
-			t.Fatalf("%s's paid call: %d %.300s; want 503 settlement_pending", host, resp.StatusCode, body)
-		}
+		paidCallHeld(t, url, map[string]string{"Host": host}, host+"'s paid call")
 	}
 	close(release)
 	time.Sleep(8 * time.Second)
@@ -121,30 +103,14 @@ func resolvedAfterReloadGoesToItsHost(t *testing.T, pick string, restart bool) {
 	_, _ = sharedDevnet(t)
 	release := stallChain(t)
 	a, b := newReportingUpstream(t), newReportingUpstream(t)
-	site := fmt.Sprintf(`:{port} {
-	route /verify/schema {
-		x402 {
-			accept devnet $0.02 %[1]s
-			facilitator faulty_devnet lose_reply_stall
-			store badger %[2]s
-			public_base_url https://gateway.test
-		}
-		%[3]s
-	}
-}
-`, payTo.Hex(), filepath.Join(t.TempDir(), "gate"), strings.NewReplacer("{A}", strings.TrimPrefix(a.URL, "http://"), "{B}", strings.TrimPrefix(b.URL, "http://")).Replace(pick))
+	site := faultyGateSite("lose_reply_stall", filepath.Join(t.TempDir(), "gate"), strings.NewReplacer("{A}", strings.TrimPrefix(a.URL, "http://"), "{B}", strings.TrimPrefix(b.URL, "http://")).Replace(pick), "public_base_url https://gateway.test")
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
 	port := freePort(t)
 	loadCaddyServers(t, port, "", logFile, site)
 	t.Cleanup(func() { caddy.Stop() })
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	url := base + "/verify/schema"
-	hostA := map[string]string{"Host": "a.test"}
-	sig := signFor(t, paymentRequired(t, post(t, url, "", hostA)), 9)
-	resp := post(t, url, validRequest, map[string]string{"Host": "a.test", x402.HeaderPaymentSignature: sig})
-	if body := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("tenant A's paid call: %d %.300s; want 503 settlement_pending", resp.StatusCode, body)
-	}
+	paidCallHeld(t, url, map[string]string{"Host": "a.test"}, "tenant A's paid call")
 	// The operator reloads the same config; tenant B's client calls (a
 	// 402 is enough for the new gate to learn its way); the chain answers.
 	resolveInterval = 300 * time.Millisecond
@@ -248,27 +214,9 @@ func TestOutcomeFoundByAnotherHostsRequestGoesToTheAskingHost(t *testing.T) {
 	_, _ = sharedDevnet(t)
 	release := stallChain(t)
 	a, b := newReportingUpstream(t), newReportingUpstream(t)
-	site := fmt.Sprintf(`:{port} {
-	route /verify/schema {
-		x402 {
-			accept devnet $0.02 %[1]s
-			facilitator faulty_devnet lose_reply_stall
-			store badger %[2]s
-			public_base_url https://gateway.test
-		}
-		@a host a.test
-		reverse_proxy @a %[3]s
-		@b host b.test
-		reverse_proxy @b %[4]s
-	}
-}
-`, payTo.Hex(), filepath.Join(t.TempDir(), "gate"), strings.TrimPrefix(a.URL, "http://"), strings.TrimPrefix(b.URL, "http://"))
+	site := faultyGateSite("lose_reply_stall", filepath.Join(t.TempDir(), "gate"), twoTenants(a.URL, b.URL), "public_base_url https://gateway.test")
 	url := startCaddy(t, site) + "/verify/schema"
-	sig := signFor(t, paymentRequired(t, post(t, url, "", map[string]string{"Host": "a.test"})), 9)
-	resp := post(t, url, validRequest, map[string]string{"Host": "a.test", x402.HeaderPaymentSignature: sig})
-	if body := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("tenant A's paid call: %d %.300s; want 503 settlement_pending", resp.StatusCode, body)
-	}
+	sig := paidCallHeld(t, url, map[string]string{"Host": "a.test"}, "tenant A's paid call")
 	close(release)
 	status := http.StatusServiceUnavailable
 	for end := time.Now().Add(10 * time.Second); status == http.StatusServiceUnavailable && time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
@@ -305,30 +253,16 @@ func TestResolvedOutcomeAfterRestartOfARouteTaggingItsRequestsIsReported(t *test
 	_, _ = sharedDevnet(t)
 	release := stallChain(t)
 	a := newReportingUpstream(t)
-	site := fmt.Sprintf(`:{port} {
-	route /verify/schema {
-		x402 {
-			accept devnet $0.02 %[1]s
-			facilitator faulty_devnet lose_reply_stall
-			store badger %[2]s
-		}
-		vars tagged {http.request.uuid}
-		reverse_proxy %[3]s {
+	site := faultyGateSite("lose_reply_stall", filepath.Join(t.TempDir(), "gate"), `vars tagged {http.request.uuid}
+		reverse_proxy `+strings.TrimPrefix(a.URL, "http://")+` {
 			header_up X-Request-ID {http.request.uuid}
-		}
-	}
-}
-`, payTo.Hex(), filepath.Join(t.TempDir(), "gate"), strings.TrimPrefix(a.URL, "http://"))
+		}`)
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
 	port := freePort(t)
 	loadCaddyServers(t, port, "", logFile, site)
 	t.Cleanup(func() { caddy.Stop() })
 	url := fmt.Sprintf("http://127.0.0.1:%d/verify/schema", port)
-	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 9)
-	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
-	if body := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("paid call: %d %.300s; want 503 settlement_pending", resp.StatusCode, body)
-	}
+	paidCallHeld(t, url, nil, "paid call")
 	resolveInterval = 300 * time.Millisecond
 	if err := caddy.Stop(); err != nil {
 		t.Fatal(err)
@@ -346,4 +280,53 @@ func TestResolvedOutcomeAfterRestartOfARouteTaggingItsRequestsIsReported(t *test
 			t.Errorf("logged %q", orphanKept)
 		}
 	}
+}
+
+// faultyGateSite is a Caddyfile site on {port} whose /verify/schema is paid
+// through a gate on the faulty devnet facilitator answering as fault
+// says, storing in dir, with settings added to its x402 block; then is
+// what the route does after the gate.
+func faultyGateSite(fault, dir, then string, settings ...string) string {
+	extra := ""
+	for _, s := range settings {
+		extra += "\n\t\t\t" + s
+	}
+	return fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %s
+			facilitator faulty_devnet %s
+			store badger %s%s
+		}
+		%s
+	}
+}
+`, payTo.Hex(), fault, dir, extra, then)
+}
+
+// twoTenants is a gate's route on to tenant A's upstream (at a) for
+// Host a.test and tenant B's (at b) for b.test.
+func twoTenants(a, b string) string {
+	return fmt.Sprintf(`@a host a.test
+		reverse_proxy @a %s
+		@b host b.test
+		reverse_proxy @b %s`, strings.TrimPrefix(a, "http://"), strings.TrimPrefix(b, "http://"))
+}
+
+// paidCallHeld pays for a call to url (headers hdr, Host among them) and
+// has the gate hold it, 503 settlement_pending as its settlement's
+// outcome is not known (what names the call in the failure). It returns
+// the payment.
+func paidCallHeld(t *testing.T, url string, hdr map[string]string, what string) string {
+	t.Helper()
+	sig := signFor(t, paymentRequired(t, post(t, url, "", hdr)), 9)
+	paid := map[string]string{x402.HeaderPaymentSignature: sig}
+	for k, v := range hdr {
+		paid[k] = v
+	}
+	resp := post(t, url, validRequest, paid)
+	if body := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("%s: %d %.300s; want 503 settlement_pending", what, resp.StatusCode, body)
+	}
+	return sig
 }
