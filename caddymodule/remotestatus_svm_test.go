@@ -375,9 +375,19 @@ func TestRemoteSolanaLostReplyOfTheOfficialFacilitator(t *testing.T) {
 // duplicate_settlement.)
 func TestMultiSiblingsSolanaSendReadByTheEmbeddedMember(t *testing.T) {
 	e := newSolanaEnv(t)
+	multiLostReplyThenServed(t, e, remoteSVMFacilitator(t, e), e.svmBlock())
+}
+
+// multiLostReplyThenServed runs a gate on multi { http <remote, through a
+// proxy losing its settle replies>; svm (the member's block) }: the
+// remote settles the buyer's first try once and its reply is lost (503
+// settlement_pending, the buyer charged), and the retry is served with the
+// transaction, the buyer charged once.
+func multiLostReplyThenServed(t *testing.T, e *solanaEnv, remote, svm string) {
+	t.Helper()
 	up := newReportingUpstream(t)
-	proxy := newLossyProxy(t, remoteSVMFacilitator(t, e), "lose_reply")
-	fac := fmt.Sprintf("multi {\n\t\t\t\thttp %s {\n\t\t\t\t\ttimeout 5s\n\t\t\t\t}\n\t\t\t\t%s\n\t\t\t}", proxy.URL, e.svmBlock())
+	proxy := newLossyProxy(t, remote, "lose_reply")
+	fac := fmt.Sprintf("multi {\n\t\t\t\thttp %s {\n\t\t\t\t\ttimeout 5s\n\t\t\t\t}\n\t\t\t\t%s\n\t\t\t}", proxy.URL, svm)
 	url := startCaddy(t, solanaSite(up.URL, fac, e, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
 	payerBefore := e.usdc(t, e.payer.Address)
 
@@ -425,28 +435,8 @@ func TestMultiSiblingsSolanaSendReadThroughASharedRecordsStore(t *testing.T) {
 	}
 	remote := httptest.NewServer(x402.NewFacilitatorHandler(f))
 	t.Cleanup(remote.Close)
-	up := newReportingUpstream(t)
-	proxy := newLossyProxy(t, remote.URL, "lose_reply")
 	svm := fmt.Sprintf("svm {\n\t\t\t\t\tnetwork solana-devnet\n\t\t\t\t\trpc_url %s\n\t\t\t\t\tfee_payer_key_file %s\n\t\t\t\t\tstore badger %s\n\t\t\t\t}", e.chain.URL, e.keyFile, dir)
-	fac := fmt.Sprintf("multi {\n\t\t\t\thttp %s {\n\t\t\t\t\ttimeout 5s\n\t\t\t\t}\n\t\t\t\t%s\n\t\t\t}", proxy.URL, svm)
-	url := startCaddy(t, solanaSite(up.URL, fac, e, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
-	payerBefore := e.usdc(t, e.payer.Address)
-
-	sig, txid := signSolana(t, e, url)
-	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "first try (reply lost)")
-	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 {
-		t.Fatalf("payer charged %d after the lost reply, want 20000", got)
-	}
-	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
-	if resp.StatusCode == http.StatusServiceUnavailable {
-		// Not confirmed yet when asked: once more.
-		resp.Body.Close()
-		resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
-	}
-	wantPaidWith(t, e, resp, txid)
-	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 {
-		t.Errorf("payer charged %d in all, want 20000 (once)", got)
-	}
+	multiLostReplyThenServed(t, e, remote.URL, svm)
 }
 
 // multi { http <remote, fee payer F>; svm <the same fee payer F> }: the
