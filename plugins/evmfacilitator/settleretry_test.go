@@ -514,18 +514,12 @@ func TestKeptSettlementAnswersOnlyItsOwnAuthorization(t *testing.T) {
 	}
 }
 
-// An authorization whose nonce another authorization used in a block
-// past its validBefore never executed: its settle is nonce_already_used
-// naming no transaction, through the facilitator that settled the other
-// and through one that keeps nothing of it, as a status check judges it
-// (nonceUse.within). (Before: both named the other's transaction, which
-// tells the caller this payment was already settled by it.)
-func TestExpiredAuthorizationIsNotNamedAnotherAuthorizationsTransaction(t *testing.T) {
-	d := startDevnet(t, DevnetConfig{})
-	e := &testEnv{d: d}
-	f := relayerOn(t, d.Client(), 0, 0)
-	req := e.requirements(payee, amount)
-	b := auth(payer, req)
+// expiredBeforeAnother settles an authorization B through f and returns
+// it, f's answer, and A: B's nonce signed to expire a second before B's
+// block, so that A never executed though another used its nonce.
+func expiredBeforeAnother(t *testing.T, d *Devnet, f *Facilitator, req x402.PaymentRequirements) (b x402.Authorization, rb x402.SettleResponse, pa x402.PaymentPayload) {
+	t.Helper()
+	b = auth(payer, req)
 	rb, err := f.Settle(context.Background(), sign(t, payer, b, req, req), req)
 	if err != nil || !rb.Success {
 		t.Fatalf("settle of B = %+v, %v", rb, err)
@@ -539,8 +533,22 @@ func TestExpiredAuthorizationIsNotNamedAnotherAuthorizationsTransaction(t *testi
 		t.Fatal(err)
 	}
 	a := b
-	a.ValidBefore = fmt.Sprint(h.Time - 1)
-	pa := sign(t, payer, a, req, req)
+	a.ValidBefore = fmt.Sprint(h.Time - 1) // A expired before B's block: A never executed
+	return b, rb, sign(t, payer, a, req, req)
+}
+
+// An authorization whose nonce another authorization used in a block
+// past its validBefore never executed: its settle is nonce_already_used
+// naming no transaction, through the facilitator that settled the other
+// and through one that keeps nothing of it, as a status check judges it
+// (nonceUse.within). (Before: both named the other's transaction, which
+// tells the caller this payment was already settled by it.)
+func TestExpiredAuthorizationIsNotNamedAnotherAuthorizationsTransaction(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{})
+	e := &testEnv{d: d}
+	f := relayerOn(t, d.Client(), 0, 0)
+	req := e.requirements(payee, amount)
+	b, rb, pa := expiredBeforeAnother(t, d, f, req)
 	for _, c := range []struct {
 		who string
 		f   *Facilitator

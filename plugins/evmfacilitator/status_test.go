@@ -478,22 +478,7 @@ func TestExpiredAuthorizationIsNotSettledByAnotherAuthorizationsTransaction(t *t
 	f := open(0)
 	req := e.requirements(payee, amount)
 	attempt := time.Now().Add(-2 * time.Second) // A's attempt began before B landed
-	b := auth(payer, req)
-	rb, err := f.Settle(context.Background(), sign(t, payer, b, req, req), req)
-	if err != nil || !rb.Success {
-		t.Fatalf("settle of B = %+v, %v", rb, err)
-	}
-	rcpt, err := d.Client().TransactionReceipt(context.Background(), common.HexToHash(rb.Transaction))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := d.Client().HeaderByNumber(context.Background(), rcpt.BlockNumber)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := b
-	a.ValidBefore = fmt.Sprint(h.Time - 1) // A expired before B's block: A never executed
-	pa := sign(t, payer, a, req, req)
+	b, rb, pa := expiredBeforeAnother(t, d, f, req)
 	for _, c := range []struct {
 		who string
 		f   *Facilitator
