@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/aovhq/aov/internal/base58"
@@ -28,12 +27,9 @@ import (
 // marked, dropped or remembered: the record stays the peer's.
 func (f *Facilitator) PeerSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
 	var out x402.SettlementStatus
-	if req.Network != f.network {
-		return out, fmt.Errorf("this facilitator settles on %s, not %s", f.network, req.Network)
-	}
-	tx, err := DecodePayload(p.Payload)
+	tx, err := f.askedAbout(p, req)
 	if err != nil {
-		return out, fmt.Errorf("payment payload: %w", err)
+		return out, err
 	}
 	key := tx.MessageHash()
 	f.mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -119,5 +120,33 @@ func TestPeerReadOnALaggingNodeCannotExpireAFreshBlockhash(t *testing.T) {
 	e.chain.ExpireBlockhash()
 	if st, err := b.PeerSettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementNever || st.Reason != "" {
 		t.Errorf("peer read after the blockhash it saw valid expired: %+v %v; want never", st, err)
+	}
+}
+
+// Both status reads, of a payment this facilitator sent and of one a peer
+// with its fee payer sent, refuse alike a payment on another network and
+// one whose payload is not a transaction, naming which.
+func TestStatusReadsRefuseAnotherNetworkAndANonTransaction(t *testing.T) {
+	e := newEnv(t, Config{})
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	other := e.req
+	other.Network = x402.NetworkSolana
+	garbled := pp
+	garbled.Payload = json.RawMessage(`{"transaction":"not a transaction"}`)
+	ctx := context.Background()
+	for name, read := range map[string]func(x402.PaymentPayload, x402.PaymentRequirements) (x402.SettlementStatus, error){
+		"SettlementStatus": func(p x402.PaymentPayload, r x402.PaymentRequirements) (x402.SettlementStatus, error) {
+			return e.f.SettlementStatus(ctx, p, r)
+		},
+		"PeerSettlementStatus": func(p x402.PaymentPayload, r x402.PaymentRequirements) (x402.SettlementStatus, error) {
+			return e.f.PeerSettlementStatus(ctx, p, r)
+		},
+	} {
+		if st, err := read(pp, other); err == nil || !strings.Contains(err.Error(), "this facilitator settles on "+e.req.Network+", not "+other.Network) {
+			t.Errorf("%s of a payment on %s: %+v, %v; want refused naming both networks", name, other.Network, st, err)
+		}
+		if st, err := read(garbled, e.req); err == nil || !strings.HasPrefix(err.Error(), "payment payload: ") {
+			t.Errorf("%s of a payload that is not a transaction: %+v, %v; want refused naming the payment payload", name, st, err)
+		}
 	}
 }

@@ -94,6 +94,21 @@ func (f *Facilitator) blockhashExpired(ctx context.Context, blockhash string, fl
 	return true, at, nil
 }
 
+// askedAbout is the transaction of the payment a status read
+// (SettlementStatus, PeerSettlementStatus) is asked about: an error when
+// the payment is not on this facilitator's network or its payload is not
+// a transaction, so that both reads refuse the same payments alike.
+func (f *Facilitator) askedAbout(p x402.PaymentPayload, req x402.PaymentRequirements) (*Transaction, error) {
+	if req.Network != f.network {
+		return nil, fmt.Errorf("this facilitator settles on %s, not %s", f.network, req.Network)
+	}
+	tx, err := DecodePayload(p.Payload)
+	if err != nil {
+		return nil, fmt.Errorf("payment payload: %w", err)
+	}
+	return tx, nil
+}
+
 // SettlementStatus implements x402.SettlementChecker for a payment this
 // facilitator sent and could not confirm in time (Settle's unknown
 // outcome): it polls the transaction's signature once, sending nothing, and
@@ -105,12 +120,9 @@ func (f *Facilitator) blockhashExpired(ctx context.Context, blockhash string, fl
 // whose fee payer is not this facilitator's is an error.
 func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
 	var out x402.SettlementStatus
-	if req.Network != f.network {
-		return out, fmt.Errorf("this facilitator settles on %s, not %s", f.network, req.Network)
-	}
-	tx, err := DecodePayload(p.Payload)
+	tx, err := f.askedAbout(p, req)
 	if err != nil {
-		return out, fmt.Errorf("payment payload: %w", err)
+		return out, err
 	}
 	// It may mark or drop the send's record: Close waits for it.
 	f.enter()
