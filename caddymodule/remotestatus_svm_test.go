@@ -375,15 +375,16 @@ func TestRemoteSolanaLostReplyOfTheOfficialFacilitator(t *testing.T) {
 // duplicate_settlement.)
 func TestMultiSiblingsSolanaSendReadByTheEmbeddedMember(t *testing.T) {
 	e := newSolanaEnv(t)
-	multiLostReplyThenServed(t, e, remoteSVMFacilitator(t, e), e.svmBlock())
+	multiLostReplyThenServed(t, e, remoteSVMFacilitator(t, e), e.svmBlock(), nil)
 }
 
 // multiLostReplyThenServed runs a gate on multi { http <remote, through a
 // proxy losing its settle replies>; svm (the member's block) }: the
 // remote settles the buyer's first try once and its reply is lost (503
-// settlement_pending, the buyer charged), and the retry is served with the
-// transaction, the buyer charged once.
-func multiLostReplyThenServed(t *testing.T, e *solanaEnv, remote, svm string) {
+// settlement_pending, the buyer charged), afterLoss (when not nil) changes
+// what happens next (the remote goes down, say), and the retry is served
+// with the transaction, the buyer charged once.
+func multiLostReplyThenServed(t *testing.T, e *solanaEnv, remote, svm string, afterLoss func(*lossyProxy)) {
 	t.Helper()
 	up := newReportingUpstream(t)
 	proxy := newLossyProxy(t, remote, "lose_reply")
@@ -399,10 +400,14 @@ func multiLostReplyThenServed(t *testing.T, e *solanaEnv, remote, svm string) {
 	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 {
 		t.Fatalf("payer charged %d after the lost reply, want 20000", got)
 	}
+	if afterLoss != nil {
+		afterLoss(proxy)
+	}
 	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
-	if resp.StatusCode == http.StatusServiceUnavailable {
-		// Not confirmed yet when asked: once more.
+	for i := 0; i < 4 && resp.StatusCode == http.StatusServiceUnavailable; i++ {
+		// Not confirmed yet when asked: again.
 		resp.Body.Close()
+		time.Sleep(500 * time.Millisecond)
 		resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
 	}
 	wantPaidWith(t, e, resp, txid)
@@ -436,7 +441,7 @@ func TestMultiSiblingsSolanaSendReadThroughASharedRecordsStore(t *testing.T) {
 	remote := httptest.NewServer(x402.NewFacilitatorHandler(f))
 	t.Cleanup(remote.Close)
 	svm := fmt.Sprintf("svm {\n\t\t\t\t\tnetwork solana-devnet\n\t\t\t\t\trpc_url %s\n\t\t\t\t\tfee_payer_key_file %s\n\t\t\t\t\tstore badger %s\n\t\t\t\t}", e.chain.URL, e.keyFile, dir)
-	multiLostReplyThenServed(t, e, remote.URL, svm)
+	multiLostReplyThenServed(t, e, remote.URL, svm, nil)
 }
 
 // multi { http <remote, fee payer F>; svm <the same fee payer F> }: the
@@ -452,34 +457,11 @@ func TestMultiSiblingsSolanaSendReadThroughASharedRecordsStore(t *testing.T) {
 // buyer was refused 402 duplicate_settlement.)
 func TestMultiSiblingsSolanaSendReadByTheEmbeddedMemberOnceTheRemoteIsDown(t *testing.T) {
 	e := newSolanaEnv(t)
-	up := newReportingUpstream(t)
-	proxy := newLossyProxy(t, remoteSVMFacilitator(t, e), "lose_reply")
-	fac := fmt.Sprintf("multi {\n\t\t\t\thttp %s {\n\t\t\t\t\ttimeout 5s\n\t\t\t\t}\n\t\t\t\t%s\n\t\t\t}", proxy.URL, e.svmBlock())
-	url := startCaddy(t, solanaSite(up.URL, fac, e, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
-	payerBefore := e.usdc(t, e.payer.Address)
-
-	sig, txid := signSolana(t, e, url)
-	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "first try (reply lost)")
-	if n := proxy.settles.Load(); n != 1 {
-		t.Fatalf("%d settlements reached the remote, want 1", n)
-	}
-	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 {
-		t.Fatalf("payer charged %d after the lost reply, want 20000", got)
-	}
-	proxy.Close()
-	now = func() time.Time { return time.Now().Add(multiSupportedTTL + time.Minute) }
-	t.Cleanup(func() { now = time.Now })
-	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
-	for i := 0; i < 4 && resp.StatusCode == http.StatusServiceUnavailable; i++ {
-		// Not confirmed yet when asked: again.
-		resp.Body.Close()
-		time.Sleep(500 * time.Millisecond)
-		resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
-	}
-	wantPaidWith(t, e, resp, txid)
-	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 {
-		t.Errorf("payer charged %d in all, want 20000 (once)", got)
-	}
+	multiLostReplyThenServed(t, e, remoteSVMFacilitator(t, e), e.svmBlock(), func(proxy *lossyProxy) {
+		proxy.Close()
+		now = func() time.Time { return time.Now().Add(multiSupportedTTL + time.Minute) }
+		t.Cleanup(func() { now = time.Now })
+	})
 }
 
 // multi { http <remote settling Solana with fee payer X, no rpc>; svm
