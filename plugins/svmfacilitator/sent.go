@@ -345,6 +345,11 @@ type sent struct {
 	// in Config.Sent: the resolver that learns it can no longer land drops
 	// that claim as the Settle would have, even once the sweep forgot rec.
 	rec *settlement
+	// raw is the signed transaction as sent: the bytes a send again
+	// repeats (resendDue), never another transaction. lastSend is when it
+	// was last sent, which bounds how often (resendEvery).
+	raw      []byte
+	lastSend time.Time
 }
 
 // hold takes key's places in flight for c's send, recorded by s, unless
@@ -364,8 +369,67 @@ func (f *Facilitator) hold(key [32]byte, c *checked, s *settlement) (fresh bool,
 	if reason, msg = f.budget.reserve(c.exposure); reason != "" {
 		return false, reason, msg
 	}
-	f.unlearned[key] = &sent{exposure: c.exposure, sig: s.sig, blockhash: s.blockhash, slot: c.slot, at: time.Now(), rec: s}
+	f.unlearned[key] = &sent{exposure: c.exposure, sig: s.sig, blockhash: s.blockhash, slot: c.slot, at: time.Now(), rec: s, raw: c.signed}
 	return true, "", ""
+}
+
+// resendEvery is the least time between two sends of one transaction
+// (resendDue): a node that accepted a send and dropped it (a leader's queue
+// full, a fork switch; the facilitator asks the node not to retry, so that
+// every send is its own) loses nothing by the wait, and two status reads,
+// a Settle retry and the resolver asking at once send it once. A variable
+// so that tests could shorten it; none does.
+var resendEvery = 2 * time.Second
+
+// pollOwn is poll for key's transaction (sig, built on blockhash, accepted
+// at slot floor), followed by resendDue when the chain does not know it
+// while its blockhash is valid. Every look at a send of this process goes
+// through it (a Settle and its retries, SettlementStatus, the resolver),
+// so whichever asks gets it onto the chain; a peer's read does not (it is
+// not this process's send).
+func (f *Facilitator) pollOwn(ctx context.Context, key [32]byte, sig, blockhash string, floor uint64) (polled, error) {
+	o, err := f.poll(ctx, sig, blockhash, floor)
+	if err == nil && o.unseen {
+		f.resendDue(ctx, key)
+	}
+	return o, err
+}
+
+// resendDue sends key's transaction again, the same bytes (so the same
+// signatures: it lands once whatever the number of sends), when this
+// process sent it and has not learned its outcome (unlearned), its last
+// send is resendEvery old, and the facilitator is open (a closed one sends
+// nothing). Its caller saw the chain not know it while its blockhash was
+// valid: a send the node accepted and dropped would otherwise wait for
+// that expiry, and the buyer sign again. The send is made as the first
+// (RPC.Send: without preflight, the node not retrying), and its answer is
+// only logged: the first send was accepted, so no refusal of a later one
+// is a verdict, and the next look tells whether it landed.
+func (f *Facilitator) resendDue(ctx context.Context, key [32]byte) {
+	f.mu.Lock()
+	e := f.unlearned[key]
+	if e == nil || e.raw == nil || time.Since(e.lastSend) < resendEvery || f.closed.Load() {
+		f.mu.Unlock()
+		return
+	}
+	e.lastSend = time.Now()
+	raw, sig := e.raw, e.sig
+	f.mu.Unlock()
+	sctx, cancel := context.WithTimeout(ctx, f.cfg.ConfirmTimeout)
+	defer cancel()
+	if _, err := f.rpc.Send(sctx, raw); err != nil {
+		log.Printf("svm facilitator: sending transaction %s again: %v", sig, err)
+	}
+}
+
+// sending records that key's transaction is being sent now (resendDue
+// counts from it).
+func (f *Facilitator) sending(key [32]byte) {
+	f.mu.Lock()
+	if e := f.unlearned[key]; e != nil {
+		e.lastSend = time.Now()
+	}
+	f.mu.Unlock()
 }
 
 // learned records the outcome of key's transaction, if this process sent
@@ -518,7 +582,7 @@ func (f *Facilitator) resolveOne(key [32]byte, e *sent) (answered bool) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.ConfirmTimeout)
 	defer cancel()
-	o, err := f.poll(ctx, e.sig, e.blockhash, e.slot)
+	o, err := f.pollOwn(ctx, key, e.sig, e.blockhash, e.slot)
 	if err == nil && o.state != x402.SettlementUndecided {
 		f.learned(key, o.failed != "")
 		if o.state == x402.SettlementNever && o.failed == "" {

@@ -108,7 +108,11 @@ import (
 //     settled once it landed, never once its blockhash expired unseen. A
 //     payment never sent costs its buyer that wait and a new payment (the
 //     same one can no longer settle once its blockhash expired), never
-//     money; sending it again while it could still land is left undone.
+//     money; settling it while it could still land is left undone.
+//   - A transaction this process sent that the chain does not know while
+//     its blockhash is valid (the node accepted it and dropped it) is sent
+//     again, the same bytes, by whichever of a retry, a status read and the
+//     resolver looks at it, at most once every resendEvery (pollOwn).
 //
 // Two Settles of one payment in two processes at the same moment can both
 // find nothing on chain, both send, and both report success, unless they
@@ -226,6 +230,7 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	// From here on the caller no longer decides: a send cut off halfway
 	// may or may not have reached the chain.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.ConfirmTimeout)
+	f.sending(key)
 	_, err = f.rpc.Send(sctx, c.signed)
 	cancel()
 	if err != nil {
@@ -380,7 +385,7 @@ func (f *Facilitator) confirm(ctx context.Context, key [32]byte, s *settlement, 
 	defer cancel()
 	var lastErr error
 	for {
-		o, err := f.poll(pctx, sig, blockhash, floor)
+		o, err := f.pollOwn(pctx, key, sig, blockhash, floor)
 		if err != nil {
 			lastErr = err
 		}

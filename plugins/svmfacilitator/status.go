@@ -24,6 +24,11 @@ type polled struct {
 	// peer's send takes it as the floor of its later judgements of expiry
 	// (peerPoll).
 	validAt uint64
+	// unseen: undecided because the chain does not know the signature
+	// while its blockhash is valid. A send of this process is then sent
+	// again (resendDue): the transaction can still land, and only a send
+	// gets it there.
+	unseen bool
 }
 
 // poll looks once at signature sig of a transaction built on blockhash,
@@ -50,7 +55,7 @@ func (f *Facilitator) poll(ctx context.Context, sig, blockhash string, floor uin
 	case err != nil:
 		return polled{}, err
 	case !expired:
-		return polled{validAt: at}, nil
+		return polled{validAt: at, unseen: true}, nil
 	}
 	if st, _, err = f.rpc.Status(ctx, sig, at); err != nil || st != nil {
 		return polled{}, err
@@ -111,8 +116,10 @@ func (f *Facilitator) askedAbout(p x402.PaymentPayload, req x402.PaymentRequirem
 
 // SettlementStatus implements x402.SettlementChecker for a payment this
 // facilitator sent and could not confirm in time (Settle's unknown
-// outcome): it polls the transaction's signature once, sending nothing, and
-// records what it learns as a later Settle would. A payment whose record it
+// outcome): it polls the transaction's signature once (a send of this
+// process the chain does not know while its blockhash is valid is sent
+// again, the same bytes: pollOwn), and records what it learns as a later
+// Settle would. A payment whose record it
 // no longer holds (it restarted, or the record aged out DuplicateWindow
 // after settling) is judged the same way: ed25519 signing is
 // deterministic, so the fee payer's signature over the payment's message,
@@ -153,7 +160,7 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 		st.Payer = out.Payer
 		return st, nil
 	}
-	o, err := f.poll(ctx, sig, blockhash, floor)
+	o, err := f.pollOwn(ctx, key, sig, blockhash, floor)
 	if err != nil {
 		return out, err
 	}
@@ -249,12 +256,12 @@ func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction) (x402.Set
 		return out, errors.New("the payment's fee payer is not this facilitator's")
 	}
 	sig := base58.Encode(ed25519.Sign(f.key, tx.Message))
-	o, err := f.poll(ctx, sig, base58.Encode(tx.Blockhash[:]), 0)
+	key := tx.MessageHash()
+	o, err := f.pollOwn(ctx, key, sig, base58.Encode(tx.Blockhash[:]), 0)
 	if err != nil {
 		return out, err
 	}
 	out.State = o.state
-	key := tx.MessageHash()
 	var adopted *settlement
 	if o.state == x402.SettlementDone {
 		out, adopted = f.answerRecorded(ctx, key, sig)

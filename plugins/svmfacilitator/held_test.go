@@ -1,0 +1,220 @@
+package svmfacilitator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/x402"
+)
+
+// heldNode is a FAKE node in front of the local chain for the two faults a
+// held payment starts from, which the chain never produces by itself: with
+// drop set, the next sendTransaction is answered with a signature as an
+// accepting node would, and never reaches the chain (the node dropped it);
+// with failLookUp set, getSignatureStatuses fails as a proxy whose node is
+// down. It counts the sends that reached it, dropped or not.
+type heldNode struct {
+	drop, failLookUp atomic.Bool
+	sends            atomic.Int32
+}
+
+// heldEnv is a chain, its fake node (heldNode) and a facilitator reading
+// the chain through it, which gives up waiting for a confirmation after
+// 300 ms, as a caller's deadline would.
+func heldEnv(t *testing.T) (*env, *heldNode, x402.PaymentPayload) {
+	t.Helper()
+	e := newEnv(t, Config{})
+	n := &heldNode{}
+	cfg := e.f.cfg
+	cfg.ConfirmTimeout, cfg.PollInterval = 300*time.Millisecond, 20*time.Millisecond
+	cfg.RPC = &RPC{URL: proxy(t, e.chain.URL, func(w http.ResponseWriter, id json.RawMessage, method string, _ []json.RawMessage) bool {
+		switch {
+		case method == "sendTransaction":
+			n.sends.Add(1)
+			if n.drop.CompareAndSwap(true, false) {
+				w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":"1111111111111111111111111111111111111111111111111111111111111111"}`))
+				return true
+			}
+		case method == "getSignatureStatuses" && n.failLookUp.Load():
+			replyUnavailable(w, id)
+			return true
+		}
+		return false
+	}, nil)}
+	f, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	e.f = f
+	return e, n, Payload(e.payment(t).Transaction(), e.req)
+}
+
+// heldPending settles pp on e, whose node drops the send (dropped) or
+// fails the look-up before it (nothing sent), and requires the answer
+// settlement_pending naming the transaction, nothing moved. The node is
+// healthy again when it returns.
+func heldPending(t *testing.T, e *env, n *heldNode, pp x402.PaymentPayload, dropped bool) string {
+	t.Helper()
+	n.drop.Store(dropped)
+	n.failLookUp.Store(!dropped)
+	_, err := e.f.Settle(context.Background(), pp, e.req)
+	n.failLookUp.Store(false)
+	var unknown *x402.UnknownOutcomeError
+	if !errors.As(err, &unknown) || unknown.Reply == nil || unknown.Reply.ErrorReason != ReasonSettlementPending || unknown.Reply.Transaction == "" {
+		t.Fatalf("settle: %v; want settlement_pending naming the transaction", err)
+	}
+	if a, b := e.balances(t); a != 1_000_000 || b != 0 {
+		t.Fatalf("balances payer %d payee %d; want nothing moved yet", a, b)
+	}
+	return unknown.Reply.Transaction
+}
+
+// statusUntilDone reads pp's status through e's facilitator every 50 ms
+// until it is settled, for at most wait, and returns the last status.
+func statusUntilDone(t *testing.T, e *env, pp x402.PaymentPayload, wait time.Duration) x402.SettlementStatus {
+	t.Helper()
+	var st x402.SettlementStatus
+	for end := time.Now().Add(wait); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		var err error
+		if st, err = e.f.SettlementStatus(context.Background(), pp, e.req); err != nil {
+			t.Fatalf("status: %v", err)
+		}
+		if st.State != x402.SettlementUndecided {
+			break
+		}
+	}
+	return st
+}
+
+// chargedOnce requires pp settled once on e's chain, naming sig, and a
+// Settle of it now a replay.
+func chargedOnce(t *testing.T, e *env, pp x402.PaymentPayload, sig string) {
+	t.Helper()
+	if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
+		t.Fatalf("balances payer %d payee %d; want the payment once", a, b)
+	}
+	if r, err := e.f.Settle(context.Background(), pp, e.req); err != nil || r.Success || r.ErrorReason != ReasonDuplicateSettlement || r.Transaction != sig {
+		t.Fatalf("settle after it landed: %+v %v; want %s naming %s", r, err, ReasonDuplicateSettlement, sig)
+	}
+}
+
+// A send the node accepted and dropped is sent again, the same bytes,
+// while its blockhash is valid, once its first send is 2 s old: it lands,
+// the status read answers it settled, the payer is charged once.
+// (Before: it was only polled, and the buyer waited for its blockhash to
+// expire and signed again.)
+func TestDroppedSendIsSentAgainAndLands(t *testing.T) {
+	e, n, pp := heldEnv(t)
+	sig := heldPending(t, e, n, pp, true)
+	st := statusUntilDone(t, e, pp, 6*time.Second)
+	if st.State != x402.SettlementDone || st.Transaction != sig {
+		t.Fatalf("status: %+v; want settled naming %s", st, sig)
+	}
+	if got := n.sends.Load(); got != 2 {
+		t.Fatalf("%d sends; want the dropped one and one more", got)
+	}
+	chargedOnce(t, e, pp, sig)
+}
+
+// Two status reads and a Settle retry of one held payment at the same
+// time, each asking again and again, send it at most once per 2 s: a
+// dropped send is sent once more and lands once. Every answer is settled
+// or pending, never a refusal.
+func TestConcurrentStatusReadsAndSettleRetrySendOnce(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		dropped   bool
+		wantSends int32
+	}{{"dropped send", true, 2}} {
+		t.Run(c.name, func(t *testing.T) {
+			e, n, pp := heldEnv(t)
+			sig := heldPending(t, e, n, pp, c.dropped)
+			var wg sync.WaitGroup
+			errs := make(chan string, 64)
+			end := time.Now().Add(6 * time.Second)
+			for i := 0; i < 2; i++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for ; time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+						st, err := e.f.SettlementStatus(context.Background(), pp, e.req)
+						switch {
+						case err != nil || (st.State == x402.SettlementDone && st.Transaction != sig) || st.State == x402.SettlementNever:
+							errs <- fmt.Sprintf("status: %+v %v", st, err)
+							return
+						case st.State == x402.SettlementDone:
+							return
+						}
+					}
+				}()
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for ; time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+					r, err := e.f.Settle(context.Background(), pp, e.req)
+					var unknown *x402.UnknownOutcomeError
+					switch {
+					case errors.As(err, &unknown) && unknown.Reply != nil && unknown.Reply.ErrorReason == ReasonSettlementPending:
+						continue
+					case r.Success && r.Transaction == sig:
+					case r.ErrorReason == ReasonDuplicateSettlement && (r.Transaction == sig || r.Transaction == ""):
+						// Answered by a status read's settlement, or while it works.
+						if r.Transaction == "" {
+							continue
+						}
+					default:
+						errs <- fmt.Sprintf("settle: %+v %v", r, err)
+					}
+					return
+				}
+			}()
+			wg.Wait()
+			close(errs)
+			for msg := range errs {
+				t.Error(msg)
+			}
+			if st := statusUntilDone(t, e, pp, time.Second); st.State != x402.SettlementDone || st.Transaction != sig {
+				t.Fatalf("status after: %+v; want settled naming %s", st, sig)
+			}
+			if got := n.sends.Load(); got != c.wantSends {
+				t.Fatalf("%d sends; want %d", got, c.wantSends)
+			}
+			if a, b := e.balances(t); a != 1_000_000-20000 || b != 20000 {
+				t.Fatalf("balances payer %d payee %d; want the payment once", a, b)
+			}
+		})
+	}
+}
+
+// A held payment whose blockhash expired is never sent again: it can no
+// longer land, the read answers never, and nothing is charged.
+func TestHeldPaymentWhoseBlockhashExpiredIsNeverSent(t *testing.T) {
+	for _, dropped := range []bool{true} {
+		t.Run(map[bool]string{true: "dropped send", false: "nothing sent"}[dropped], func(t *testing.T) {
+			e, n, pp := heldEnv(t)
+			heldPending(t, e, n, pp, dropped)
+			sends := n.sends.Load()
+			e.chain.ExpireBlockhash()
+			time.Sleep(2100 * time.Millisecond) // past the bound on sends again
+			st, err := e.f.SettlementStatus(context.Background(), pp, e.req)
+			if err != nil || st.State != x402.SettlementNever || st.Reason != "" {
+				t.Fatalf("status: %+v %v; want never, for its expiry", st, err)
+			}
+			if got := n.sends.Load(); got != sends {
+				t.Fatalf("%d sends after its expiry; want none", got-sends)
+			}
+			if a, b := e.balances(t); a != 1_000_000 || b != 0 {
+				t.Fatalf("balances payer %d payee %d; want nothing charged", a, b)
+			}
+		})
+	}
+}
