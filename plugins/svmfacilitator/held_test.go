@@ -30,9 +30,16 @@ type heldNode struct {
 // 300 ms, as a caller's deadline would.
 func heldEnv(t *testing.T) (*env, *heldNode, x402.PaymentPayload) {
 	t.Helper()
+	return heldEnvOn(t, nil)
+}
+
+// heldEnvOn is heldEnv with sent as the store of sends (Config.Sent).
+func heldEnvOn(t *testing.T, sent SentStore) (*env, *heldNode, x402.PaymentPayload) {
+	t.Helper()
 	e := newEnv(t, Config{})
 	n := &heldNode{}
 	cfg := e.f.cfg
+	cfg.Sent = sent
 	cfg.ConfirmTimeout, cfg.PollInterval = 300*time.Millisecond, 20*time.Millisecond
 	cfg.RPC = &RPC{URL: proxy(t, e.chain.URL, func(w http.ResponseWriter, id json.RawMessage, method string, _ []json.RawMessage) bool {
 		switch {
@@ -124,16 +131,65 @@ func TestDroppedSendIsSentAgainAndLands(t *testing.T) {
 	chargedOnce(t, e, pp, sig)
 }
 
+// A payment whose Settle ended without a verdict before anything was sent
+// (its look-up on chain failed) is settled by the next status read while
+// its blockhash is valid, through Settle's own path: sent once, landed,
+// the read answers it settled, and the payment is served once (a Settle
+// after it is a replay, and, with a store of sends, its record is marked
+// answered, so another facilitator on the store answers it a replay too).
+// (Before: the read only polled a signature the chain never got, until
+// its blockhash expired.)
+func TestStatusReadSettlesAPaymentWhoseSettleSentNothing(t *testing.T) {
+	for _, withStore := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no store", true: "store of sends"}[withStore], func(t *testing.T) {
+			var sent SentStore
+			if withStore {
+				sent = sentOf(openStore(t, t.TempDir()))
+			}
+			e, n, pp := heldEnvOn(t, sent)
+			sig := heldPending(t, e, n, pp, false)
+			if got := n.sends.Load(); got != 0 {
+				t.Fatalf("%d sends with the look-up failing; want none", got)
+			}
+			st, err := e.f.SettlementStatus(context.Background(), pp, e.req)
+			if err != nil || st.State != x402.SettlementDone || st.Transaction != sig || st.Payer != pub(e.payer).String() {
+				t.Fatalf("status: %+v %v; want settled naming %s, paid by %s", st, err, sig, pub(e.payer))
+			}
+			if again, err := e.f.SettlementStatus(context.Background(), pp, e.req); err != nil || again != st {
+				t.Fatalf("status read again: %+v %v; want %+v", again, err, st)
+			}
+			if got := n.sends.Load(); got != 1 {
+				t.Fatalf("%d sends; want one", got)
+			}
+			chargedOnce(t, e, pp, sig)
+			if !withStore {
+				return
+			}
+			other, err := New(e.f.cfg) // no memory of the send, on the same store
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer other.Close()
+			if r, err := other.Settle(context.Background(), pp, e.req); err != nil || r.Success || r.ErrorReason != ReasonDuplicateSettlement || r.Transaction != sig {
+				t.Fatalf("settle elsewhere: %+v %v; want %s naming %s", r, err, ReasonDuplicateSettlement, sig)
+			}
+			if got := n.sends.Load(); got != 1 {
+				t.Fatalf("%d sends; want one", got)
+			}
+		})
+	}
+}
+
 // Two status reads and a Settle retry of one held payment at the same
 // time, each asking again and again, send it at most once per 2 s: a
-// dropped send is sent once more and lands once. Every answer is settled
-// or pending, never a refusal.
+// dropped send is sent once more and lands once, and one never sent is
+// sent once. Every answer is settled or pending, never a refusal.
 func TestConcurrentStatusReadsAndSettleRetrySendOnce(t *testing.T) {
 	for _, c := range []struct {
 		name      string
 		dropped   bool
 		wantSends int32
-	}{{"dropped send", true, 2}} {
+	}{{"dropped send", true, 2}, {"nothing sent", false, 1}} {
 		t.Run(c.name, func(t *testing.T) {
 			e, n, pp := heldEnv(t)
 			sig := heldPending(t, e, n, pp, c.dropped)
@@ -195,10 +251,11 @@ func TestConcurrentStatusReadsAndSettleRetrySendOnce(t *testing.T) {
 	}
 }
 
-// A held payment whose blockhash expired is never sent again: it can no
-// longer land, the read answers never, and nothing is charged.
+// A held payment whose blockhash expired is never sent again, nor settled
+// by a status read: it can no longer land, the read answers never, and
+// nothing is charged.
 func TestHeldPaymentWhoseBlockhashExpiredIsNeverSent(t *testing.T) {
-	for _, dropped := range []bool{true} {
+	for _, dropped := range []bool{true, false} {
 		t.Run(map[bool]string{true: "dropped send", false: "nothing sent"}[dropped], func(t *testing.T) {
 			e, n, pp := heldEnv(t)
 			heldPending(t, e, n, pp, dropped)
@@ -216,5 +273,31 @@ func TestHeldPaymentWhoseBlockhashExpiredIsNeverSent(t *testing.T) {
 				t.Fatalf("balances payer %d payee %d; want nothing charged", a, b)
 			}
 		})
+	}
+}
+
+// A peer's read of a held payment (PeerSettlementStatus: the chain's word
+// on a sibling's send) sends nothing, through the facilitator whose Settle
+// held it or through another with its fee payer: the payment is not that
+// read's to settle.
+func TestPeerReadOfAHeldPaymentSendsNothing(t *testing.T) {
+	e, n, pp := heldEnv(t)
+	heldPending(t, e, n, pp, false)
+	other, err := New(e.f.cfg) // its fee payer, through the same node
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	for _, f := range []*Facilitator{e.f, other} {
+		st, err := f.PeerSettlementStatus(context.Background(), pp, e.req)
+		if err != nil || st.State != x402.SettlementUndecided {
+			t.Fatalf("peer read: %+v %v; want undecided", st, err)
+		}
+	}
+	if got := n.sends.Load(); got != 0 {
+		t.Fatalf("%d sends by a peer read; want none", got)
+	}
+	if a, b := e.balances(t); a != 1_000_000 || b != 0 {
+		t.Fatalf("balances payer %d payee %d; want nothing moved", a, b)
 	}
 }

@@ -14,7 +14,10 @@ import (
 // a peer sent: another facilitator holding this fee payer's key (a remote
 // one of the gateway's, in the same multi). A payment this facilitator
 // sent itself (one it remembers, in memory or as a send whose outcome it
-// has not learned) is answered as SettlementStatus answers it. Any other
+// has not learned) is answered as SettlementStatus answers it (sent again
+// while the chain does not know it: it is this facilitator's send), except
+// that a payment of which it then holds no send is never settled here: it
+// is the peer's to send. Any other
 // is judged by the chain alone, by the signature the peer sent it under
 // (the fee payer's over the message, signed again here: ed25519 is
 // deterministic, and a record of the send in Config.Sent, whoever wrote
@@ -36,7 +39,9 @@ func (f *Facilitator) PeerSettlementStatus(ctx context.Context, p x402.PaymentPa
 	own := f.memory(key, now()) != nil || f.unlearned[key] != nil
 	f.mu.Unlock()
 	if own {
-		return f.SettlementStatus(ctx, p, req)
+		// Never settled here if its memory goes meanwhile: a payment
+		// this process holds no send of is the peer's.
+		return f.status(ctx, p, req, false)
 	}
 	if len(tx.AccountKeys) == 0 || tx.AccountKeys[0] != f.feePayer {
 		return out, errors.New("the payment's fee payer is not this facilitator's")

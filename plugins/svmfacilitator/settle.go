@@ -106,9 +106,11 @@ import (
 //     charged buyer that nothing was charged, and release the payment; the
 //     unknown outcome has it poll the signature (SettlementStatus) instead:
 //     settled once it landed, never once its blockhash expired unseen. A
-//     payment never sent costs its buyer that wait and a new payment (the
-//     same one can no longer settle once its blockhash expired), never
-//     money; settling it while it could still land is left undone.
+//     status read while its blockhash is valid and the chain does not
+//     know it settles it then (SettlementStatus: through settle, this
+//     Settle's own path), so a payment never sent costs its buyer the
+//     wait for that read (for one the read finds refused, the wait for
+//     its blockhash's expiry, then a new payment), never money.
 //   - A transaction this process sent that the chain does not know while
 //     its blockhash is valid (the node accepted it and dropped it) is sent
 //     again, the same bytes, by whichever of a retry, a status read and the
@@ -121,7 +123,7 @@ import (
 // keeps its own Settles to one.
 func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
 	fail := func(reason, payer, msg, sig string) x402.SettleResponse {
-		return x402.SettleResponse{Success: false, ErrorReason: reason, ErrorMessage: msg, Payer: payer, Transaction: sig, Network: req.Network}
+		return settleRefusal(req, reason, payer, msg, sig)
 	}
 	tx, err := DecodePayload(p.Payload)
 	if err != nil {
@@ -151,7 +153,23 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 		}
 		return f.confirm(ctx, key, s, req.Network)
 	}
+	return f.settle(ctx, key, s, p, req)
+}
 
+// settleRefusal is Settle's answer success false for reason.
+func settleRefusal(req x402.PaymentRequirements, reason, payer, msg, sig string) x402.SettleResponse {
+	return x402.SettleResponse{Success: false, ErrorReason: reason, ErrorMessage: msg, Payer: payer, Transaction: sig, Network: req.Network}
+}
+
+// settle is Settle of key's payment p, claimed new (claimNew: s), from its
+// checks to its answer. It is the one path by which a payment is sent: a
+// status read that settles a payment no Settle sent (settleUnsent) takes
+// it too, with every check, the look-up, the simulation, the budget and
+// the record of the send.
+func (f *Facilitator) settle(ctx context.Context, key [32]byte, s *settlement, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettleResponse, error) {
+	fail := func(reason, payer, msg, sig string) x402.SettleResponse {
+		return settleRefusal(req, reason, payer, msg, sig)
+	}
 	c := f.checkStatic(p, req, true)
 	if c.resp.InvalidReason != "" {
 		f.release(key)

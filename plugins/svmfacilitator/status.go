@@ -26,8 +26,9 @@ type polled struct {
 	validAt uint64
 	// unseen: undecided because the chain does not know the signature
 	// while its blockhash is valid. A send of this process is then sent
-	// again (resendDue): the transaction can still land, and only a send
-	// gets it there.
+	// again (resendDue), and a payment it holds no send of is settled by a
+	// status read (settleUnsent): the transaction can still land, and only
+	// a send gets it there.
 	unseen bool
 }
 
@@ -116,16 +117,31 @@ func (f *Facilitator) askedAbout(p x402.PaymentPayload, req x402.PaymentRequirem
 
 // SettlementStatus implements x402.SettlementChecker for a payment this
 // facilitator sent and could not confirm in time (Settle's unknown
-// outcome): it polls the transaction's signature once (a send of this
-// process the chain does not know while its blockhash is valid is sent
-// again, the same bytes: pollOwn), and records what it learns as a later
-// Settle would. A payment whose record it
-// no longer holds (it restarted, or the record aged out DuplicateWindow
-// after settling) is judged the same way: ed25519 signing is
-// deterministic, so the fee payer's signature over the payment's message,
-// the transaction's id, is signed again rather than remembered. A payment
-// whose fee payer is not this facilitator's is an error.
+// outcome): it polls the transaction's signature once, and records what it
+// learns as a later Settle would. A payment whose record it no longer
+// holds (it restarted, or the record aged out DuplicateWindow after
+// settling) is judged the same way: ed25519 signing is deterministic, so
+// the fee payer's signature over the payment's message, the transaction's
+// id, is signed again rather than remembered. A payment whose fee payer is
+// not this facilitator's is an error.
+//
+// While the transaction's blockhash is valid and the chain does not know
+// it, the read gets it there rather than wait for its expiry and a new
+// payment: a send of this process is sent again, the same bytes
+// (pollOwn), and a payment of which no Settle holds a send (its Settle
+// ended without a verdict before sending: the look-up, the simulation or
+// the store failed, its caller went away, Close) is settled now through
+// Settle's own path (settleUnsent), and answered from it: settled once it
+// landed, pending until then (a refusal too: see settleUnsent). A read
+// once the blockhash expired sends nothing.
 func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
+	return f.status(ctx, p, req, true)
+}
+
+// status is SettlementStatus; settleUnsent false (a peer's read of its
+// own send, PeerSettlementStatus) never settles a payment no Settle of
+// this process sent.
+func (f *Facilitator) status(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, settleUnsent bool) (x402.SettlementStatus, error) {
 	var out x402.SettlementStatus
 	tx, err := f.askedAbout(p, req)
 	if err != nil {
@@ -146,7 +162,7 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 	f.mu.Unlock()
 	switch {
 	case e == nil:
-		return f.unrecorded(ctx, tx)
+		return f.unrecorded(ctx, tx, p, req, settleUnsent)
 	case inflight || sig == "":
 		return out, nil // a Settle is working on it
 	case failed != "":
@@ -249,8 +265,11 @@ func (f *Facilitator) finishLanded(key [32]byte, st x402.SettlementStatus) {
 }
 
 // unrecorded judges a payment the facilitator holds no record of by the
-// signature it would have sent it under.
-func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction) (x402.SettlementStatus, error) {
+// signature it would have sent it under. One the chain does not know while
+// its blockhash is valid is settled now (settleUnsent), when settle allows
+// and this process holds no send of it (one it holds is sent again:
+// pollOwn).
+func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction, p x402.PaymentPayload, req x402.PaymentRequirements, settle bool) (x402.SettlementStatus, error) {
 	var out x402.SettlementStatus
 	if len(tx.AccountKeys) == 0 || tx.AccountKeys[0] != f.feePayer {
 		return out, errors.New("the payment's fee payer is not this facilitator's")
@@ -260,6 +279,12 @@ func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction) (x402.Set
 	o, err := f.pollOwn(ctx, key, sig, base58.Encode(tx.Blockhash[:]), 0)
 	if err != nil {
 		return out, err
+	}
+	f.mu.Lock()
+	held := f.unlearned[key] != nil
+	f.mu.Unlock()
+	if o.unseen && settle && !held {
+		return f.settleUnsent(ctx, key, p, req)
 	}
 	out.State = o.state
 	var adopted *settlement
@@ -294,6 +319,60 @@ func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction) (x402.Set
 		f.mu.Unlock()
 	}
 	return out, nil
+}
+
+// settleUnsent settles, for a status read, key's payment p, which the
+// chain does not know while its blockhash is valid and of which this
+// process holds no send: its Settle ended without a verdict before sending
+// (maySent), so the transaction can land only if sent. It takes Settle's
+// own path (settle) on a claim of its own, so the payment is checked,
+// simulated, held in the budget, recorded in Config.Sent (which finds a
+// send before a restart, and sends nothing then) and sent at most once,
+// as by a Settle. The answer is the read's:
+//   - success: settled, naming the transaction;
+//   - duplicate_settlement naming the transaction (it landed, another
+//     settlement answers for it): settled by another settlement;
+//   - failed on chain (invalid_exact_svm_transaction_failed naming the
+//     transaction): never;
+//   - anything else, settlement_pending or a refusal (a check, the
+//     simulation, the budget, the node refusing the send, its expiry):
+//     undecided, and the next read polls the send (its memory) or settles
+//     again, until the chain's own word once the blockhash expired. A
+//     refusal is no verdict here, as it is for a Settle, because the
+//     earlier Settle could not tell that nothing was sent before (a
+//     restart, a node lagging), and a refusal of the simulation (a node
+//     whose tip is past the blockhash while its confirmed bank still
+//     takes it, or one lagging) does not prove that such a send cannot
+//     still land: the gate would tell a charged buyer nothing was charged.
+//
+// A payment another Settle is working on, or has an answer for, is left to
+// it: undecided, and the next read answers from its record.
+func (f *Facilitator) settleUnsent(ctx context.Context, key [32]byte, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
+	s, how := f.claim(key)
+	if how != claimNew {
+		if how == claimRetry {
+			f.unclaim(s)
+		}
+		return x402.SettlementStatus{}, nil
+	}
+	r, err := f.settle(ctx, key, s, p, req)
+	var unknown *x402.UnknownOutcomeError
+	switch {
+	case errors.As(err, &unknown) && unknown.Reply != nil:
+		return x402.SettlementStatus{Payer: unknown.Reply.Payer}, nil
+	case err != nil:
+		return x402.SettlementStatus{}, err
+	case r.Success:
+		return x402.SettlementStatus{State: x402.SettlementDone, Transaction: r.Transaction, Payer: r.Payer}, nil
+	case r.ErrorReason == ReasonDuplicateSettlement && r.Transaction != "":
+		st := settledElsewhere(r.Transaction)
+		st.Payer = r.Payer
+		return st, nil
+	case r.ErrorReason == ReasonTransactionFailed && r.Transaction != "":
+		return x402.SettlementStatus{State: x402.SettlementNever, Payer: r.Payer}, nil
+	}
+	log.Printf("svm facilitator: settling a held payment on reading its status: %s: %s (undecided until its blockhash expires)", r.ErrorReason, r.ErrorMessage)
+	return x402.SettlementStatus{Payer: r.Payer}, nil
 }
 
 // answerRecorded is what a status read with no record in memory (a
