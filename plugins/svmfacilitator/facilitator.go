@@ -182,6 +182,13 @@ type Facilitator struct {
 	// in settled: a pending one is resolved by the facilitator itself in
 	// the background (resolve), whether or not anyone asks again.
 	unlearned map[[32]byte]*sent
+	// unsent holds, until when, the payments a Settle of this process was
+	// asked to send and left without a verdict before sending (maySent):
+	// the only ones a status read settles (settleUnsent). A payment no
+	// Settle asked for (a gateway that died before settling, a read after
+	// a restart) is never sent by a read: its caller may not have decided
+	// to settle it at all (an upstream's error under settle after).
+	unsent map[[32]byte]time.Time
 	// peerValid holds, per blockhash, the slot at which a read of a peer's
 	// send saw it valid (peer.go): the floor of that read's judgement of
 	// expiry.
@@ -326,7 +333,7 @@ func New(cfg Config) (*Facilitator, error) {
 	if cfg.FailureWindow <= 0 {
 		cfg.FailureWindow = DefaultFailureWindow
 	}
-	f := &Facilitator{rpc: cfg.RPC, network: cfg.Network, key: cfg.FeePayer, cfg: cfg, settled: map[[32]byte]*settlement{}, simulated: map[[32]byte]simulation{}, mints: map[PublicKey]string{}, unlearned: map[[32]byte]*sent{}, stop: make(chan struct{}),
+	f := &Facilitator{rpc: cfg.RPC, network: cfg.Network, key: cfg.FeePayer, cfg: cfg, settled: map[[32]byte]*settlement{}, simulated: map[[32]byte]simulation{}, mints: map[PublicKey]string{}, unlearned: map[[32]byte]*sent{}, unsent: map[[32]byte]time.Time{}, stop: make(chan struct{}),
 		budget: &budget{perPayer: cfg.MaxFailedPerPayer, inFlight: cfg.MaxInFlightPerPayer, lamports: cfg.MaxFailedLamports,
 			maxPriority: cfg.MaxPriorityFeePastBudget, window: cfg.FailureWindow, ids: map[PublicKey]*identity{}}}
 	copy(f.feePayer[:], cfg.FeePayer.Public().(ed25519.PublicKey))
@@ -666,6 +673,11 @@ func (f *Facilitator) sweep(t time.Time) {
 	for k, s := range f.simulated {
 		if t.Sub(s.at) > SimulationReuse {
 			delete(f.simulated, k)
+		}
+	}
+	for k, until := range f.unsent {
+		if !t.Before(until) {
+			delete(f.unsent, k)
 		}
 	}
 }

@@ -301,3 +301,29 @@ func TestPeerReadOfAHeldPaymentSendsNothing(t *testing.T) {
 		t.Fatalf("balances payer %d payee %d; want nothing moved", a, b)
 	}
 }
+
+// A status read of a payment no Settle of this process was asked for
+// sends nothing, its blockhash valid: a gateway that died before settling
+// asks the same question of a payment whose settlement it may never have
+// decided on (an upstream's error under settle after), and a process
+// restarted since the Settle holds no word of it. Only a Settle's own
+// unanswered send is brought to chain.
+func TestStatusReadOfAPaymentNoSettleAskedSendsNothing(t *testing.T) {
+	e, n, pp := heldEnv(t)
+	heldPending(t, e, n, pp, false)
+	fresh, err := New(e.f.cfg) // its fee payer, no Settle asked of it
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	st, err := fresh.SettlementStatus(context.Background(), pp, e.req)
+	if err != nil || st.State != x402.SettlementUndecided {
+		t.Fatalf("status: %+v %v; want undecided", st, err)
+	}
+	if got := n.sends.Load(); got != 0 {
+		t.Fatalf("%d sends by a read no Settle asked for; want none", got)
+	}
+	if a, b := e.balances(t); a != 1_000_000 || b != 0 {
+		t.Fatalf("balances payer %d payee %d; want nothing moved", a, b)
+	}
+}

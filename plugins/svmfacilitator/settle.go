@@ -156,6 +156,17 @@ func (f *Facilitator) Settle(ctx context.Context, p x402.PaymentPayload, req x40
 	return f.settle(ctx, key, s, p, req)
 }
 
+// unsentFor is how long a status read may settle a payment whose Settle
+// ended without a verdict before sending (Facilitator.unsent): longer than
+// a blockhash lives (about 60 to 90 s), after which nothing can land and
+// the read judges it by the chain alone. maxUnsent bounds that memory; a
+// payment past it waits for its blockhash to expire, as one asked of a
+// restarted process does.
+const (
+	unsentFor = 3 * time.Minute
+	maxUnsent = 4096
+)
+
 // settleRefusal is Settle's answer success false for reason.
 func settleRefusal(req x402.PaymentRequirements, reason, payer, msg, sig string) x402.SettleResponse {
 	return x402.SettleResponse{Success: false, ErrorReason: reason, ErrorMessage: msg, Payer: payer, Transaction: sig, Network: req.Network}
@@ -347,10 +358,14 @@ func (f *Facilitator) sentBefore(ctx context.Context, key [32]byte, s *settlemen
 // which a gate tells its buyer nothing was charged and to pay again. The
 // claim is released rather than kept pending: a retry reads the chain and
 // the record afresh, so a record another Settle answered is never answered
-// success a second time.
+// success a second time. The payment is noted as asked (unsent), so that
+// the caller's status read settles it while its blockhash is valid.
 func (f *Facilitator) maySent(key [32]byte, s *settlement, network string, cause error) (x402.SettleResponse, error) {
 	f.mu.Lock()
 	sig, payer := s.sig, s.payer
+	if len(f.unsent) < maxUnsent {
+		f.unsent[key] = now().Add(unsentFor)
+	}
 	f.mu.Unlock()
 	f.release(key)
 	return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: cause, Reply: &x402.SettleResponse{

@@ -128,12 +128,14 @@ func (f *Facilitator) askedAbout(p x402.PaymentPayload, req x402.PaymentRequirem
 // While the transaction's blockhash is valid and the chain does not know
 // it, the read gets it there rather than wait for its expiry and a new
 // payment: a send of this process is sent again, the same bytes
-// (pollOwn), and a payment of which no Settle holds a send (its Settle
-// ended without a verdict before sending: the look-up, the simulation or
-// the store failed, its caller went away, Close) is settled now through
-// Settle's own path (settleUnsent), and answered from it: settled once it
-// landed, pending until then (a refusal too: see settleUnsent). A read
-// once the blockhash expired sends nothing.
+// (pollOwn), and a payment a Settle of this process was asked to send and
+// left without a verdict before sending (the look-up, the simulation or
+// the store failed, its caller went away, Close: unsent) is settled now
+// through Settle's own path (settleUnsent), and answered from it: settled
+// once it landed, pending until then (a refusal too: see settleUnsent). A
+// read once the blockhash expired sends nothing, and so does a read of a
+// payment no Settle of this process was asked for (a restart, a gateway
+// that died before settling: its caller may never have decided to).
 func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
 	return f.status(ctx, p, req, true)
 }
@@ -266,9 +268,9 @@ func (f *Facilitator) finishLanded(key [32]byte, st x402.SettlementStatus) {
 
 // unrecorded judges a payment the facilitator holds no record of by the
 // signature it would have sent it under. One the chain does not know while
-// its blockhash is valid is settled now (settleUnsent), when settle allows
-// and this process holds no send of it (one it holds is sent again:
-// pollOwn).
+// its blockhash is valid is settled now (settleUnsent), when settle allows,
+// a Settle of this process was asked for it and sent nothing (unsent), and
+// this process holds no send of it (one it holds is sent again: pollOwn).
 func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction, p x402.PaymentPayload, req x402.PaymentRequirements, settle bool) (x402.SettlementStatus, error) {
 	var out x402.SettlementStatus
 	if len(tx.AccountKeys) == 0 || tx.AccountKeys[0] != f.feePayer {
@@ -282,8 +284,10 @@ func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction, p x402.Pa
 	}
 	f.mu.Lock()
 	held := f.unlearned[key] != nil
+	until, asked := f.unsent[key]
+	asked = asked && now().Before(until)
 	f.mu.Unlock()
-	if o.unseen && settle && !held {
+	if o.unseen && settle && asked && !held {
 		return f.settleUnsent(ctx, key, p, req)
 	}
 	out.State = o.state
