@@ -377,9 +377,8 @@ func (f *Facilitator) hold(key [32]byte, c *checked, s *settlement) (fresh bool,
 // (resendDue): a node that accepted a send and dropped it (a leader's queue
 // full, a fork switch; the facilitator asks the node not to retry, so that
 // every send is its own) loses nothing by the wait, and two status reads,
-// a Settle retry and the resolver asking at once send it once. A variable
-// so that tests could shorten it; none does.
-var resendEvery = 2 * time.Second
+// a Settle retry and the resolver asking at once send it once.
+const resendEvery = 2 * time.Second
 
 // pollOwn is poll for key's transaction (sig, built on blockhash, accepted
 // at slot floor), followed by resendDue when the chain does not know it
