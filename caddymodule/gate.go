@@ -551,7 +551,7 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 		// The gate only prechecks (parse and compile, no evaluation) and
 		// only when it answers itself, so a small schema cache suffices;
 		// with settle before it also evaluates a paid request before
-		// settling (requestCheck.evaluated). Its limits are verifierd's
+		// settling (requestCheck). Its limits are verifierd's
 		// defaults (no MaxBodyBytes or budget here), not the gate's
 		// max_body: with settle before, a body within a larger max_body
 		// but over verifierd's limit would be settled and then refused by
@@ -988,11 +988,28 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 				if err := verify.CheckMediaType(ct, int64(len(body))); err != nil {
 					return err
 				}
-				return g.precheck(r, ex.verified, ex.payer, func() error { return g.verifier.Precheck(body) })
-			}
-			ex.evaluate = func(ctx context.Context) error {
-				_, err := g.verifier.ParseContext(ctx, body)
-				return err
+				return g.precheck(r, ex.verified, ex.payer, func() error {
+					if err := g.verifier.Precheck(body); err != nil || !ex.verified || g.Settle != "before" {
+						return err
+					}
+					// A settle before payment is checked once it
+					// verified, just before it settles. The compile
+					// passes a schema whose evaluation on this output
+					// is over verifierd's budgets (steps, regular
+					// expression or integrity work), which verifierd
+					// refuses 422 only once it runs, after the payment
+					// settled: the request is evaluated here too, with
+					// the same code and default budgets, while nothing
+					// is charged. Refused, it is charged nothing and
+					// may be sent again, so the evaluation is work for
+					// nothing as the compile is, and runs within the
+					// same hold of the payer's turn and paid check slot
+					// (precheck). Elsewhere the upstream's 422 is never
+					// charged, and the evaluation runs once, in
+					// verifierd.
+					_, err := g.verifier.ParseContext(r.Context(), body)
+					return err
+				})
 			}
 		}
 	}
@@ -1047,8 +1064,9 @@ var precheckTurns = &checkTurns{m: make(map[string]*precheckTurn)}
 
 // paidCheckSlots bounds, as precheckSlots bounds the unpaid ones and by
 // the same number, the gateway's checks at once of calls whose payment the
-// facilitator verified (precheck): a pool of their own, so unpaid requests
-// holding every one of precheckSlots never delay or refuse a payment.
+// facilitator verified (precheck; under settle before the compile and the
+// evaluation): a pool of their own, so unpaid requests holding every one
+// of precheckSlots never delay or refuse a payment.
 var paidCheckSlots = make(chan struct{}, verify.DefaultMaxConcurrent())
 
 // paidCheckTurns holds each payer's turn (payerOf; the client's address
@@ -1118,15 +1136,17 @@ func (ts *checkTurns) leave(key string, t *precheckTurn) {
 //
 // A call whose payment the facilitator verified (verified, made by payer)
 // is checked within servePaid, under settle before before its payment
-// settles, holding its client's paid slot under rate_limit. The check is
-// still work done for nothing when it refuses the request: the call is
-// then charged nothing, its claim given back, and the same payment may be
-// sent again, so it is bounded before it starts as an unpaid one is, by
-// bounds of its own: its payer's turn (paidCheckTurns) and one of the
-// gateway's paidCheckSlots, waiting at most precheckWait for both, after
-// which it is 503 verification_timeout, counted as the unpaid wait is
-// (never left out, as errUnchecked leaves an unpaid one's: a settle before
-// payment is never settled for a request that was not checked). None of
+// settles, holding its client's paid slot under rate_limit; that check
+// evaluates the request too (up to verifierd's budgets and Timeout), all
+// of it within the one hold taken here. The check is still work done for
+// nothing when it refuses the request: the call is then charged nothing,
+// its claim given back, and the same payment may be sent again, so it is
+// bounded before it starts as an unpaid one is, by bounds of its own:
+// its payer's turn (paidCheckTurns) and one of the gateway's
+// paidCheckSlots, waiting at most precheckWait for both, after which it
+// is 503 verification_timeout, counted as the unpaid wait is (never left
+// out, as errUnchecked leaves an unpaid one's: a settle before payment is
+// never settled for a request that was not checked). None of
 // precheckSlots nor its address's turn: unpaid requests holding them never
 // delay or refuse a payment. Carrying a payment is not enough: one that
 // matches no offer or that the facilitator refused costs its maker

@@ -87,12 +87,9 @@ type exchange interface {
 	deliver(w http.ResponseWriter, bw *bufferedWriter, sr x402.SettleResponse)
 	// invalid runs the call's request check (once) and returns its
 	// refusal, if any: for a settle before payment, which is settled
-	// before the upstream can check the request.
+	// before the upstream can check the request (the check, once the
+	// payment verified, includes the request's evaluation).
 	invalid() *apierr.Error
-	// evaluated runs the call's full verification (evaluation included)
-	// and returns its refusal, if any: for a settle before payment once
-	// it verified, as the last step before it settles.
-	evaluated(ctx context.Context) *apierr.Error
 	// upstreamRan records that the upstream, which checks the request
 	// itself, has answered: the gate's check is no longer needed.
 	upstreamRan()
@@ -111,9 +108,11 @@ type exchange interface {
 }
 
 // requestCheck is the request-level check of one call: strict parse, field
-// checks and schema compile (verify.Precheck), never an evaluation. It runs
-// at most once, and only when the gate answers the call itself or is about
-// to settle a payment before the upstream runs (exchange).
+// checks and schema compile (verify.Precheck), and for a settle before
+// payment the facilitator verified also the request's evaluation
+// (verify.Parse), the last thing that may refuse it uncharged. It runs at
+// most once, and only when the gate answers the call itself or is about to
+// settle a payment before the upstream runs (exchange).
 type requestCheck struct {
 	check func() error // nil: nothing to check
 	done  bool
@@ -128,11 +127,6 @@ type requestCheck struct {
 	// unchecked: the check was left out, every unpaid compile slot busy
 	// (errUnchecked); the 402 says so (offerNote).
 	unchecked bool
-	// evaluate parses the request as verifierd does, the schema evaluated
-	// on the output within verifierd's default budgets (verify.Parse); nil:
-	// nothing to evaluate. Only a settle before payment runs it
-	// (evaluated).
-	evaluate func(ctx context.Context) error
 }
 
 // requestChecked, when set (by tests only), is called each time a call's
@@ -190,24 +184,6 @@ func (c *requestCheck) offerNote(msg string) string {
 	}
 	metrics.uncheckedOffers.Inc()
 	return msg + uncheckedNote
-}
-
-// evaluated is the request's refusal by its full verification, nil when it
-// passes or has none to run. The compile-only check (invalid) passes a
-// schema whose evaluation on this output is over verifierd's budgets
-// (steps, regular-expression or integrity work), which verifierd refuses
-// with 422 only once it runs: under settle before, after the payment
-// settled. Evaluating here, with the same code and default budgets,
-// refuses it while nothing is charged. Elsewhere the upstream's 422 is
-// never charged, and the evaluation runs once, in verifierd.
-func (c *requestCheck) evaluated(ctx context.Context) *apierr.Error {
-	if c.evaluate == nil {
-		return nil
-	}
-	if err := c.evaluate(ctx); err != nil {
-		return apierr.From(err)
-	}
-	return nil
 }
 
 // answer is the refusal to answer with instead of ae: for a call without
@@ -386,22 +362,17 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		// checks it first (validate), so an invalid request is refused
 		// uncharged, its claim and payment identifier given back for the
 		// fixed request. Here, once the facilitator verified the
-		// payment: the check then waits for paid calls' checks only,
-		// never for unpaid ones', and is bounded all the same, since a
-		// refused call is charged nothing and its payment may be sent
+		// payment, the request also evaluated (its evaluation costs
+		// what verifierd's own does): the check then waits for paid
+		// calls' checks only, never for unpaid ones', and is bounded
+		// all the same, compile and evaluation within one hold, since
+		// a refused call is charged nothing and its payment may be sent
 		// again (Gate.precheck). Before the
 		// facilitator, a payment that pays nothing would have it done
 		// past every bound; a payment the facilitator refuses is
 		// answered by its 402, which checks the request as any 402 does,
 		// bounded as an unpaid one's.
 		if ae := ex.invalid(); ae != nil {
-			pc.release(r)
-			return ex.refuse(w, r, ae)
-		}
-		// The payment is good: the request's evaluation is the last
-		// thing that may still refuse it uncharged (evaluated), after
-		// the facilitator, as it costs what verifierd's own does.
-		if ae := ex.evaluated(ctx); ae != nil {
 			pc.release(r)
 			return ex.refuse(w, r, ae)
 		}
