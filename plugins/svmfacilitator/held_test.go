@@ -277,19 +277,21 @@ func TestHeldPaymentWhoseBlockhashExpiredIsNeverSent(t *testing.T) {
 }
 
 // A peer's read of a held payment (PeerSettlementStatus: the chain's word
-// on a sibling's send) sends nothing, through the facilitator whose Settle
-// held it or through another with its fee payer: the payment is not that
-// read's to settle.
+// on a sibling's send) sends nothing through a facilitator with its fee
+// payer that no Settle asked: the payment is not that read's to settle.
+// Through the facilitator whose Settle was asked for it and sent nothing,
+// the read settles it (the gateway asked that member, a multi with a
+// remote member reads every payment as a peer's): once, and it lands once.
 func TestPeerReadOfAHeldPaymentSendsNothing(t *testing.T) {
 	e, n, pp := heldEnv(t)
-	heldPending(t, e, n, pp, false)
+	sig := heldPending(t, e, n, pp, false)
 	other, err := New(e.f.cfg) // its fee payer, through the same node
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer other.Close()
-	for _, f := range []*Facilitator{e.f, other} {
-		st, err := f.PeerSettlementStatus(context.Background(), pp, e.req)
+	for range 2 {
+		st, err := other.PeerSettlementStatus(context.Background(), pp, e.req)
 		if err != nil || st.State != x402.SettlementUndecided {
 			t.Fatalf("peer read: %+v %v; want undecided", st, err)
 		}
@@ -300,6 +302,14 @@ func TestPeerReadOfAHeldPaymentSendsNothing(t *testing.T) {
 	if a, b := e.balances(t); a != 1_000_000 || b != 0 {
 		t.Fatalf("balances payer %d payee %d; want nothing moved", a, b)
 	}
+	st, err := e.f.PeerSettlementStatus(context.Background(), pp, e.req)
+	if err != nil || st.State != x402.SettlementDone || st.Transaction != sig {
+		t.Fatalf("read through the facilitator asked: %+v %v; want settled naming %s", st, err, sig)
+	}
+	if got := n.sends.Load(); got != 1 {
+		t.Fatalf("%d sends; want one", got)
+	}
+	chargedOnce(t, e, pp, sig)
 }
 
 // A status read of a payment no Settle of this process was asked for
@@ -325,5 +335,62 @@ func TestStatusReadOfAPaymentNoSettleAskedSendsNothing(t *testing.T) {
 	}
 	if a, b := e.balances(t); a != 1_000_000 || b != 0 {
 		t.Fatalf("balances payer %d payee %d; want nothing moved", a, b)
+	}
+}
+
+// Settles whose caller went away before the send (a caller of the served
+// /settle hanging up at once: the payments need only pass the static
+// checks, no funds) are not noted for a status read to settle, so they
+// cannot fill that memory (maxUnsent): a genuine payment whose look-up
+// failed afterwards is still settled by its read. (Before: 4,096 hung-up
+// settles filled it, and the genuine one waited for its blockhash to
+// expire.)
+func TestHungUpSettlesLeaveNothingForAReadToSettle(t *testing.T) {
+	e, n, pp := heldEnv(t)
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 16 {
+		p := e.payment(t)
+		p.Memo = fmt.Sprintf("hung-up-%027d", i)
+		if _, err := e.f.Settle(gone, Payload(p.Transaction(), e.req), e.req); !errors.As(err, new(*x402.UnknownOutcomeError)) {
+			t.Fatalf("hung-up settle %d: %v; want an unknown outcome", i, err)
+		}
+	}
+	e.f.mu.Lock()
+	noted := len(e.f.unsent)
+	e.f.mu.Unlock()
+	if noted != 0 {
+		t.Fatalf("%d hung-up settles noted for a read to settle; want none", noted)
+	}
+	sig := heldPending(t, e, n, pp, false)
+	if st := statusUntilDone(t, e, pp, 3*time.Second); st.State != x402.SettlementDone || st.Transaction != sig {
+		t.Fatalf("status of the genuine payment: %+v, %d sends; want settled naming %s", st, n.sends.Load(), sig)
+	}
+}
+
+// A Settle cut off by Close (its configuration unloaded by a reload) sends
+// nothing, and the facilitator that takes over was asked nothing: its
+// reads judge the payment by the chain alone and send nothing, so the
+// payment waits for its blockhash to expire (README states it).
+func TestSettleCutOffByCloseIsLeftToItsBlockhash(t *testing.T) {
+	e, n, pp := heldEnv(t)
+	cfg := e.f.cfg
+	e.f.Close()
+	var unknown *x402.UnknownOutcomeError
+	if _, err := e.f.Settle(context.Background(), pp, e.req); !errors.As(err, &unknown) || unknown.Reply == nil || unknown.Reply.ErrorReason != ReasonSettlementPending {
+		t.Fatalf("settle on the closed facilitator: %v; want settlement_pending", err)
+	}
+	next, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	for range 3 {
+		if st, err := next.SettlementStatus(context.Background(), pp, e.req); err != nil || st.State != x402.SettlementUndecided {
+			t.Fatalf("status after the reload: %+v %v; want undecided", st, err)
+		}
+	}
+	if got := n.sends.Load(); got != 0 {
+		t.Fatalf("%d sends; want none", got)
 	}
 }

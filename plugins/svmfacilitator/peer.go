@@ -14,10 +14,12 @@ import (
 // a peer sent: another facilitator holding this fee payer's key (a remote
 // one of the gateway's, in the same multi). A payment this facilitator
 // sent itself (one it remembers, in memory or as a send whose outcome it
-// has not learned) is answered as SettlementStatus answers it (sent again
-// while the chain does not know it: it is this facilitator's send), except
-// that a payment of which it then holds no send is never settled here: it
-// is the peer's to send. Any other
+// has not learned), or was asked to send by a Settle that sent nothing
+// (unsent: the gateway asked this member, not the peer), is answered as
+// SettlementStatus answers it (sent again while the chain does not know
+// it, settled when a Settle of it sent nothing), except that a payment of
+// which it then holds neither is never settled here: it is the peer's to
+// send. Any other
 // is judged by the chain alone, by the signature the peer sent it under
 // (the fee payer's over the message, signed again here: ed25519 is
 // deterministic, and a record of the send in Config.Sent, whoever wrote
@@ -36,12 +38,16 @@ func (f *Facilitator) PeerSettlementStatus(ctx context.Context, p x402.PaymentPa
 	}
 	key := tx.MessageHash()
 	f.mu.Lock()
-	own := f.memory(key, now()) != nil || f.unlearned[key] != nil
+	until, asked := f.unsent[key]
+	asked = asked && now().Before(until)
+	own := f.memory(key, now()) != nil || f.unlearned[key] != nil || asked
 	f.mu.Unlock()
 	if own {
-		// Never settled here if its memory goes meanwhile: a payment
-		// this process holds no send of is the peer's.
-		return f.status(ctx, p, req, false)
+		// Settled here only when a Settle of this process was asked for
+		// it and sent nothing (unsent): else, should its memory go
+		// meanwhile, a payment this process holds no send of is the
+		// peer's.
+		return f.status(ctx, p, req, asked)
 	}
 	if len(tx.AccountKeys) == 0 || tx.AccountKeys[0] != f.feePayer {
 		return out, errors.New("the payment's fee payer is not this facilitator's")

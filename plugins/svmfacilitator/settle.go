@@ -196,7 +196,7 @@ func (f *Facilitator) settle(ctx context.Context, key [32]byte, s *settlement, p
 	if err != nil {
 		// Sent before a restart, the transaction may have landed: nothing
 		// tells, so the outcome is unknown, never "nothing sent".
-		return f.maySent(key, s, req.Network, fmt.Errorf("looking the transaction up before settlement: %w", err))
+		return f.maySent(ctx, key, s, req.Network, fmt.Errorf("looking the transaction up before settlement: %w", err))
 	}
 	if st != nil {
 		return f.sentBefore(ctx, key, s, c.payer, req.Network, nil)
@@ -206,7 +206,7 @@ func (f *Facilitator) settle(ctx context.Context, key [32]byte, s *settlement, p
 	}
 	if !c.reused {
 		if err := f.checkChain(ctx, c); err != nil {
-			return f.maySent(key, s, req.Network, fmt.Errorf("verifying before settlement: %w", err))
+			return f.maySent(ctx, key, s, req.Network, fmt.Errorf("verifying before settlement: %w", err))
 		}
 		if c.landed {
 			// Landed since the look-up.
@@ -220,7 +220,7 @@ func (f *Facilitator) settle(ctx context.Context, key [32]byte, s *settlement, p
 	if ctx.Err() != nil {
 		// The caller went away before the send: nothing is sent for a
 		// caller who cannot be answered.
-		return f.maySent(key, s, req.Network, fmt.Errorf("before settlement: %w", ctx.Err()))
+		return f.maySent(ctx, key, s, req.Network, fmt.Errorf("before settlement: %w", ctx.Err()))
 	}
 	// A closed facilitator sends nothing new (Close): its configuration
 	// closes the store handle once Close returned, and the answer to a
@@ -228,7 +228,7 @@ func (f *Facilitator) settle(ctx context.Context, key [32]byte, s *settlement, p
 	// failing. Nothing is written or sent, and the payment is released;
 	// its record, which would tell a send before a restart, is not read.
 	if !f.open() {
-		return f.maySent(key, s, req.Network, ErrClosed)
+		return f.maySent(ctx, key, s, req.Network, ErrClosed)
 	}
 	// The payer's place in flight is taken (hold) before the record of the
 	// send is written, and kept until the outcome is learned, by this
@@ -250,7 +250,7 @@ func (f *Facilitator) settle(ctx context.Context, key [32]byte, s *settlement, p
 	}
 	switch {
 	case err != nil:
-		return f.maySent(key, s, req.Network, fmt.Errorf("recording the transaction before settlement: %w", err))
+		return f.maySent(ctx, key, s, req.Network, fmt.Errorf("recording the transaction before settlement: %w", err))
 	case prior != nil:
 		// Sent before (by this process before a restart or a reload, or
 		// by another instance now): nothing is sent again.
@@ -308,7 +308,7 @@ func (f *Facilitator) overBudget(ctx context.Context, key [32]byte, s *settlemen
 	rec, err := f.recorded(ctx, key)
 	switch {
 	case err != nil:
-		return f.maySent(key, s, network, fmt.Errorf("reading the record of the transaction: %w", err))
+		return f.maySent(ctx, key, s, network, fmt.Errorf("reading the record of the transaction: %w", err))
 	case rec != nil:
 		return f.sentBefore(ctx, key, s, payer, network, rec)
 	}
@@ -333,7 +333,7 @@ func (f *Facilitator) sentBefore(ctx context.Context, key [32]byte, s *settlemen
 	if rec == nil {
 		var err error
 		if rec, err = f.recorded(ctx, key); err != nil {
-			return f.maySent(key, s, network, fmt.Errorf("reading the record of the transaction: %w", err))
+			return f.maySent(ctx, key, s, network, fmt.Errorf("reading the record of the transaction: %w", err))
 		}
 	}
 	switch {
@@ -359,11 +359,15 @@ func (f *Facilitator) sentBefore(ctx context.Context, key [32]byte, s *settlemen
 // claim is released rather than kept pending: a retry reads the chain and
 // the record afresh, so a record another Settle answered is never answered
 // success a second time. The payment is noted as asked (unsent), so that
-// the caller's status read settles it while its blockhash is valid.
-func (f *Facilitator) maySent(key [32]byte, s *settlement, network string, cause error) (x402.SettleResponse, error) {
+// the caller's status read settles it while its blockhash is valid, unless
+// its caller went away (ctx done) or the facilitator is closed: a caller
+// of the served /settle hanging up at once would otherwise fill that
+// memory with payments no one reads for nothing (they need only pass the
+// static checks), and a closed facilitator sends nothing for any read.
+func (f *Facilitator) maySent(ctx context.Context, key [32]byte, s *settlement, network string, cause error) (x402.SettleResponse, error) {
 	f.mu.Lock()
 	sig, payer := s.sig, s.payer
-	if len(f.unsent) < maxUnsent {
+	if ctx.Err() == nil && !f.closed.Load() && len(f.unsent) < maxUnsent {
 		f.unsent[key] = now().Add(unsentFor)
 	}
 	f.mu.Unlock()
