@@ -549,8 +549,9 @@ func handlerText(h caddyhttp.MiddlewareHandler) any {
 // on to: a hash of its server's name and listeners, of the gate's place in
 // it (its route's index in the server's list and in each subroute's on the
 // way down), of every route's matchers (a row of automatic HTTPS
-// redirects as a set: autoRedirect), and of the server's configuration as
-// it stands then, which holds every route from the gate's on whole.
+// redirects as a set: autoRedirect), and of the part of the server's
+// configuration that routes (withoutGateSettings) as it stands then,
+// which holds every route from the gate's on whole.
 // Everything after the gate that decides where its request goes is in it,
 // whether the gate shares its `route` block with its upstream or not; the
 // gate's own subroute alone was alike for a gate alone in its `route` on
@@ -632,14 +633,30 @@ func upstreamOf(ctx caddy.Context, srv *caddyhttp.Server) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// withoutGateSettings is srv's configuration as JSON, each gate's
-// (handler x402) written as its handler name alone: a gate's settings
-// (prices, facilitator, store, free allowance) decide whether a call is
-// served, never where it goes on to, so an operator who changes them (a
-// facilitator's rpc_url, say) keeps the gates' names and their held
-// outcomes' reports; the route and MCP tool a gate prices are in gateID.
+// withoutGateSettings is the part of srv's configuration that routes, as
+// JSON: its routes, which choose a request's handlers and so its upstream;
+// its error routes (`handle_errors`), where a failed request goes on to;
+// and its named routes, which an `invoke` in either reaches by name alone.
+// Its listeners are in upstreamOf's name apart. The server-wide settings
+// (timeouts, logs, log_credentials, metrics, TLS connection policies,
+// protocols, listener wrappers, trusted proxies and client IP headers)
+// send no request anywhere else: a report keeps the call's client address
+// rather than reading it anew through trusted_proxies. So a reload or
+// restart changing only those (an access log, AOV_READ_BODY_TIMEOUT's
+// read_body) keeps the gates' names and their held outcomes' reports.
+//
+// Each gate (handler x402) is written as its handler name alone: a gate's
+// settings (prices, facilitator, store, free allowance) decide whether a
+// call is served, never where it goes on to, so an operator who changes
+// them (a facilitator's rpc_url, say) keeps the gates' names and their
+// held outcomes' reports; the route and MCP tool a gate prices are in
+// gateID.
 func withoutGateSettings(srv *caddyhttp.Server) (any, error) {
-	b, err := json.Marshal(srv)
+	b, err := json.Marshal(struct {
+		Routes      caddyhttp.RouteList         `json:"routes,omitempty"`
+		Errors      *caddyhttp.HTTPErrorConfig  `json:"errors,omitempty"`
+		NamedRoutes map[string]*caddyhttp.Route `json:"named_routes,omitempty"`
+	}{srv.Routes, srv.Errors, srv.NamedRoutes})
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,120 @@
+package caddymodule
+
+import (
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/aovhq/aov/x402"
+)
+
+// A gate's name digests what decides where its requests go (its server's
+// listeners, routes, error routes and named routes), not the server-wide
+// settings that route nothing: a reload adding an access log, a server
+// timeout (AOV_READ_BODY_TIMEOUT's), metrics or log_credentials keeps it,
+// and the outcomes held before stay the gate's to report. (Before: each
+// one renamed the gate, and every outcome it held was kept as moved.)
+func TestGateNameKeptAcrossReloadOfServerWideSettings(t *testing.T) {
+	dir := t.TempDir()
+	site := func(inSite string) string {
+		return fmt.Sprintf(`:{port} {
+	%s
+	route /v1/* {
+		x402 {
+			accept devnet $0.02 %s
+			facilitator http http://127.0.0.1:1
+			store badger %s
+		}
+		reverse_proxy 127.0.0.1:9
+	}
+}
+`, inSite, payTo.Hex(), dir)
+	}
+	port := freePort(t)
+	t.Cleanup(func() { caddy.Stop() })
+	loadCaddyServers(t, port, "", "", site(""))
+	base := loneGateName(t)
+	loadCaddyServers(t, port, "", "", site(""))
+	if again := loneGateName(t); again != base {
+		t.Fatalf("an unchanged reload renamed the gate")
+	}
+	for _, tc := range []struct{ what, servers, inSite string }{
+		{"an access log on the site", "", "log {\n\t\toutput discard\n\t}"},
+		{"a server read_body timeout", "\t\ttimeouts {\n\t\t\tread_body 10s\n\t\t}", ""},
+		{"server metrics", "\t\tmetrics", ""},
+		{"log_credentials", "\t\tlog_credentials", ""},
+	} {
+		loadCaddyServers(t, port, tc.servers, "", site(tc.inSite))
+		if got := loneGateName(t); got != base {
+			t.Errorf("a reload adding %s renamed the gate: its held outcomes are then kept as moved, unreported", tc.what)
+		}
+	}
+	// What routes still counts: another upstream after the gate.
+	loadCaddyServers(t, port, "", "", strings.Replace(site(""), "127.0.0.1:9", "127.0.0.1:8", 1))
+	if got := loneGateName(t); got == base {
+		t.Errorf("a reload moving the gate's upstream kept its name")
+	}
+}
+
+// A call held (its settlement's outcome unknown), then a restart whose
+// only change is a server read_body timeout or an access log on the site:
+// the outcome the background pass resolves is reported to the site's one
+// upstream, where nothing moved. (Before: it was kept as moved, and
+// verifierd's record stayed pending until the buyer's retry.)
+func TestResolvedOutcomeReportedAfterRestartAddingServerSetting(t *testing.T) {
+	for _, tc := range []struct{ what, servers, inSite string }{
+		{"nothing", "", ""},
+		{"read_body timeout", "\t\ttimeouts {\n\t\t\tread_body 10s\n\t\t}", ""},
+		{"access log", "", "log {\n\t\toutput discard\n\t}"},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			defer func(d time.Duration) { resolveInterval = d }(resolveInterval)
+			resolveInterval = time.Hour
+			_, _ = sharedDevnet(t)
+			release := stallChain(t)
+			a := newReportingUpstream(t)
+			site := func(inSite string) string {
+				return fmt.Sprintf(`:{port} {
+	%[4]s
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[1]s
+			facilitator faulty_devnet lose_reply_stall
+			store badger %[2]s
+		}
+		reverse_proxy %[3]s
+	}
+}
+`, payTo.Hex(), filepath.Join(t.TempDir(), "gate"), strings.TrimPrefix(a.URL, "http://"), inSite)
+			}
+			port := freePort(t)
+			first := site("")
+			loadCaddyServers(t, port, "", "", first)
+			t.Cleanup(func() { caddy.Stop() })
+			url := fmt.Sprintf("http://127.0.0.1:%d/verify/schema", port)
+			sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 9)
+			resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+			if body := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+				t.Fatalf("paid call: %d %.300s; want 503 settlement_pending", resp.StatusCode, body)
+			}
+			resolveInterval = 300 * time.Millisecond
+			if err := caddy.Stop(); err != nil {
+				t.Fatal(err)
+			}
+			// The same site and store, with the setting added.
+			second := strings.Replace(first, "\n\t\n\troute", "\n\t"+tc.inSite+"\n\troute", 1)
+			loadCaddyServers(t, port, tc.servers, "", second)
+			readAll(t, post(t, url, "", nil)) // the restarted gate learns its way
+			close(release)
+			waitFor(t, "the resolved outcome's report", func() bool { return len(a.got()) > 0 })
+			if got := a.got(); len(got) != 1 || got[0] != "v-1=paid" {
+				t.Errorf("after a restart adding only a %s, the site's one upstream got %q; want [v-1=paid]", tc.what, got)
+			}
+		})
+	}
+}
