@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -116,5 +117,116 @@ func TestResolvedOutcomeReportedAfterRestartAddingServerSetting(t *testing.T) {
 				t.Errorf("after a restart adding only a %s, the site's one upstream got %q; want [v-1=paid]", tc.what, got)
 			}
 		})
+	}
+}
+
+// A proxy naming its upstream by {env.*} goes where the variable points
+// when the request is made: a restart pointing it at another verifierd is
+// a move, and the outcome verifierd A recorded is kept, never reported to
+// B, which never had the verification. (Before: the name read the
+// placeholder's text, and B was sent A's verification id and outcome.)
+func TestGateNameFollowsEnvPlaceholderUpstream(t *testing.T) {
+	defer func(d time.Duration) { resolveInterval = d }(resolveInterval)
+	resolveInterval = time.Hour
+	_, _ = sharedDevnet(t)
+	release := stallChain(t)
+	a, b := newReportingUpstream(t), newReportingUpstream(t)
+	t.Setenv("AOV_TEST_BACKEND", strings.TrimPrefix(a.URL, "http://"))
+	site := fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[1]s
+			facilitator faulty_devnet lose_reply_stall
+			store badger %[2]s
+		}
+		reverse_proxy {env.AOV_TEST_BACKEND}
+	}
+}
+`, payTo.Hex(), filepath.Join(t.TempDir(), "gate"))
+	port := freePort(t)
+	loadCaddyServers(t, port, "", "", site)
+	t.Cleanup(func() { caddy.Stop() })
+	url := fmt.Sprintf("http://127.0.0.1:%d/verify/schema", port)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 9)
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if body := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("paid call: %d %.300s; want 503 settlement_pending", resp.StatusCode, body)
+	}
+	resolveInterval = 300 * time.Millisecond
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("AOV_TEST_BACKEND", strings.TrimPrefix(b.URL, "http://"))
+	loadCaddyServers(t, port, "", "", site)
+	readAll(t, post(t, url, "", nil)) // the restarted gate learns its way
+	close(release)
+	// The pass resolves the record and keeps it as moved: wait for it to
+	// have run several times.
+	time.Sleep(3 * time.Second)
+	if got := b.got(); len(got) != 0 {
+		t.Errorf("verifierd B, which never recorded the call, was sent %q (A got %q); want nothing", got, a.got())
+	}
+}
+
+// The placeholders whose value is fixed for the life of the process are
+// read into the name: a reload after {env.*} or the file of a {file.*}
+// changed renames the gate, one after neither keeps it, and a placeholder
+// read per request ({time.*}, a request's own) never renames it.
+func TestGateNameReadsFixedPlaceholders(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "backend")
+	if err := os.WriteFile(file, []byte("one\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("AOV_TEST_TENANT", "a")
+	site := fmt.Sprintf(`:{port} {
+	route /v1/* {
+		x402 {
+			accept devnet $0.02 %s
+			facilitator http http://127.0.0.1:1
+			store badger %s
+		}
+		reverse_proxy 127.0.0.1:9 {
+			header_up X-Tenant {env.AOV_TEST_TENANT}
+			header_up X-Backend {file.%s}
+			header_up X-Now {time.now.unix_ms}
+			header_up X-Host {http.request.host}
+		}
+	}
+}
+`, payTo.Hex(), dir, file)
+	port := freePort(t)
+	t.Cleanup(func() { caddy.Stop() })
+	loadCaddyServers(t, port, "", "", site)
+	base := loneGateName(t)
+	time.Sleep(5 * time.Millisecond) // another {time.now.unix_ms}
+	loadCaddyServers(t, port, "", "", site)
+	if got := loneGateName(t); got != base {
+		t.Fatalf("a reload with every fixed placeholder unchanged renamed the gate")
+	}
+	t.Setenv("AOV_TEST_TENANT", "b")
+	loadCaddyServers(t, port, "", "", site)
+	tenant := loneGateName(t)
+	if tenant == base {
+		t.Errorf("a reload after {env.AOV_TEST_TENANT} changed kept the gate's name")
+	}
+	if err := os.WriteFile(file, []byte("two\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	loadCaddyServers(t, port, "", "", site)
+	read := loneGateName(t)
+	if read == tenant {
+		t.Errorf("a reload after the file of {file.*} changed kept the gate's name")
+	}
+	// Another server's proxy may lead the gate's requests on: its
+	// placeholders count the same way.
+	t.Setenv("AOV_TEST_OTHER", "127.0.0.1:7")
+	withOther := site + fmt.Sprintf(":%d {\n\treverse_proxy {env.AOV_TEST_OTHER}\n}\n", freePort(t))
+	loadCaddyServers(t, port, "", "", withOther)
+	other := loneGateName(t)
+	t.Setenv("AOV_TEST_OTHER", "127.0.0.1:6")
+	loadCaddyServers(t, port, "", "", withOther)
+	if got := loneGateName(t); got == other {
+		t.Errorf("a reload after another server's {env.AOV_TEST_OTHER} changed kept the gate's name")
 	}
 }

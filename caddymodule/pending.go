@@ -435,6 +435,8 @@ func (o *otherServers) wait(ctx context.Context) bool {
 // reload pointing `&(backend)` elsewhere changed none of the routes.
 // Named is left out of a server without named routes, so a config
 // without them keeps, across an upgrade, the name its held records carry.
+// Their placeholders fixed for the life of the process are read, as the
+// gate's own server's are (withFixedPlaceholders).
 func othersOf(app *caddyhttp.App, own *caddyhttp.Server) string {
 	if app == nil {
 		return "none"
@@ -469,7 +471,7 @@ func othersOf(app *caddyhttp.App, own *caddyhttp.Server) string {
 	if err != nil {
 		return "unnamed " + rand.Text()
 	}
-	sum := sha256.Sum256(b)
+	sum := sha256.Sum256(withFixedPlaceholders(b))
 	return hex.EncodeToString(sum[:])
 }
 
@@ -629,8 +631,39 @@ func upstreamOf(ctx caddy.Context, srv *caddyhttp.Server) string {
 	if err != nil {
 		return unnamed
 	}
-	sum := sha256.Sum256(b)
+	sum := sha256.Sum256(withFixedPlaceholders(b))
 	return hex.EncodeToString(sum[:])
+}
+
+// fixedPlaceholders are the prefixes of the placeholders whose value is
+// fixed for the life of the process: the environment ({env.*}), a file's
+// contents ({file.*}) and the host's ({system.*}).
+var fixedPlaceholders = []string{"env.", "file.", "system."}
+
+// withFixedPlaceholders is a gate's name's text with its fixed
+// placeholders (fixedPlaceholders) replaced by their values, read as
+// Caddy reads them (caddy.NewReplacer) when the config loads. Caddy
+// replaces them when a request is made, so the same text leads elsewhere
+// once the variable (or the file) does: `reverse_proxy {env.BACKEND}`
+// restarted with BACKEND at another verifierd goes there, and by the
+// text alone that verifierd was reported the outcomes the first one
+// recorded. The placeholders of a request ({http.*}, a request's own) and
+// of the clock ({time.*}) are left as text: they are no part of the
+// configuration, and read at load they would rename a gate at every
+// reload. (`{$VAR}` is replaced by the Caddyfile adapter, before any of
+// this.)
+func withFixedPlaceholders(text []byte) []byte {
+	global := caddy.NewReplacer()
+	fixed := caddy.NewEmptyReplacer()
+	fixed.Map(func(key string) (any, bool) {
+		for _, prefix := range fixedPlaceholders {
+			if strings.HasPrefix(key, prefix) {
+				return global.Get(key)
+			}
+		}
+		return nil, false
+	})
+	return []byte(fixed.ReplaceKnown(string(text), ""))
 }
 
 // withoutGateSettings is the part of srv's configuration that routes, as
