@@ -527,7 +527,7 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	// The server this gate is provisioned for (nil outside an HTTP server).
 	srv, _ := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	g.upstream = upstreamOf(ctx, srv)
-	g.others = watchOthers(ctx, srv)
+	g.others = othersFor(ctx, srv)
 	if g.RateLimit == nil {
 		g.RateLimit = new(RateLimit)
 	}

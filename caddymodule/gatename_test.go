@@ -230,3 +230,54 @@ func TestGateNameReadsFixedPlaceholders(t *testing.T) {
 		t.Errorf("a reload after another server's {env.AOV_TEST_OTHER} changed kept the gate's name")
 	}
 }
+
+// Naming a load's gates writes each server out once (its own part, shared
+// by its gates, and the other servers' part, shared the same way), not
+// once per gate: n gated routes cost linear time to name. (Before: each
+// gate wrote its whole server and every other server out again, and 800
+// gates took seconds to load.)
+func TestGateNamingWritesEachServerOncePerLoad(t *testing.T) {
+	dir := t.TempDir()
+	other := freePort(t)
+	config := func(n int) string {
+		var b strings.Builder
+		for _, addr := range []string{":{port}", fmt.Sprintf(":%d", other)} {
+			b.WriteString(addr + " {\n")
+			for i := range n {
+				fmt.Fprintf(&b, `	route /t%d/* {
+		x402 {
+			accept devnet $0.02 %s
+			facilitator http http://127.0.0.1:1
+			store badger %s
+		}
+		reverse_proxy 127.0.0.1:9
+	}
+`, i, payTo.Hex(), dir)
+			}
+			b.WriteString("}\n")
+		}
+		return b.String()
+	}
+	port := freePort(t)
+	t.Cleanup(func() { caddy.Stop() })
+	for _, n := range []int{1, 40} {
+		before := serversWritten.Load()
+		loadCaddyServers(t, port, "", "", config(n))
+		// Both servers: each once for its own gates, once for the others'.
+		if got := serversWritten.Load() - before; got != 4 {
+			t.Errorf("a load of 2 servers of %d gates each wrote a server out %d times; want 4", n, got)
+		}
+	}
+	// What a load's gates share goes with its config: nothing stays from
+	// one load to the next.
+	namings := func() int {
+		serverNamings.Lock()
+		defer serverNamings.Unlock()
+		return len(serverNamings.m)
+	}
+	waitFor(t, "the namings of the replaced load dropped", func() bool { return namings() == 2 })
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the namings of the stopped load dropped", func() bool { return namings() == 0 })
+}

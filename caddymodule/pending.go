@@ -361,9 +361,10 @@ type otherServers struct {
 }
 
 // watchOthers names the other servers of the http app the gate is
-// provisioned in, for srv's gate, once the config has started (the events
-// app's "started", which every config with an http app has: the app loads
-// it). A gate outside an http app is named at once, as none.
+// provisioned in, for srv's gates (othersFor), once the config has
+// started (the events app's "started", which every config with an http
+// app has: the app loads it). A gate outside an http app is named at
+// once, as none.
 func watchOthers(ctx caddy.Context, srv *caddyhttp.Server) *otherServers {
 	o := &otherServers{done: make(chan struct{})}
 	var app *caddyhttp.App
@@ -447,6 +448,7 @@ func othersOf(app *caddyhttp.App, own *caddyhttp.Server) string {
 		Routes, Errors []string
 		Named          map[string]string `json:",omitempty"` // encoded in key order
 	}
+	serversWritten.Add(1)
 	var servers []server
 	for _, name := range slices.Sorted(maps.Keys(app.Servers)) {
 		srv := app.Servers[name]
@@ -548,12 +550,13 @@ func handlerText(h caddyhttp.MiddlewareHandler) any {
 }
 
 // upstreamOf names what the requests of the gate provisioned with ctx go
-// on to: a hash of its server's name and listeners, of the gate's place in
-// it (its route's index in the server's list and in each subroute's on the
-// way down), of every route's matchers (a row of automatic HTTPS
-// redirects as a set: autoRedirect), and of the part of the server's
-// configuration that routes (withoutGateSettings) as it stands then,
-// which holds every route from the gate's on whole.
+// on to: a hash of the gate's place in its server (its route's index in
+// the server's list and in each subroute's on the way down) and of what
+// its server's gates share (serverNaming): the server's name and
+// listeners, every route's matchers (a row of automatic HTTPS redirects
+// as a set: autoRedirect) and group, its named routes, and the routes
+// (with the error routes) from the gate's on, whole, as they stand when
+// the gate is provisioned.
 // Everything after the gate that decides where its request goes is in it,
 // whether the gate shares its `route` block with its upstream or not; the
 // gate's own subroute alone was alike for a gate alone in its `route` on
@@ -575,38 +578,131 @@ func upstreamOf(ctx caddy.Context, srv *caddyhttp.Server) string {
 	if srv == nil {
 		return unnamed
 	}
-	config, err := withoutGateSettings(srv)
-	if err != nil {
+	shared := namingOf(ctx, srv)
+	if shared.base == "" {
 		return unnamed
 	}
-	place := struct {
-		Server   string
-		Listen   []string
-		Path     []string
-		Matchers [][][]string
-		Config   any
-	}{Listen: srv.Listen, Config: config}
-	mods := ctx.Modules()
-	for _, m := range mods {
-		if app, ok := m.(*caddyhttp.App); ok {
-			for name, s := range app.Servers {
-				if s == srv {
-					place.Server = name
-				}
-			}
-		}
-	}
-	at := routeIndex(srv.Routes, srv.Errors)
+	at, from := routeIndex(srv.Routes, srv.Errors)
 	if at == "" {
 		return unnamed
 	}
-	place.Path = append(place.Path, at)
-	for _, m := range mods {
+	place := struct {
+		Server string // serverNaming.base
+		Path   []string
+		Routes string // serverNaming.tails[from]
+	}{Server: shared.base, Path: []string{at}, Routes: shared.tails[from]}
+	for _, m := range ctx.Modules() {
 		if sr, ok := m.(*caddyhttp.Subroute); ok {
-			if at = routeIndex(sr.Routes, sr.Errors); at == "" {
+			if at, _ = routeIndex(sr.Routes, sr.Errors); at == "" {
 				return unnamed
 			}
 			place.Path = append(place.Path, at)
+		}
+	}
+	b, err := json.Marshal(place)
+	if err != nil {
+		return unnamed
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// serversWritten counts the servers written out to name gates (a
+// serverNaming's, othersOf's): once per server and load, whatever the
+// number of its gates, which a test holds it to (naming each gate by
+// writing its whole server out again cost n gates O(n^2) at every load).
+var serversWritten atomic.Int64
+
+// serverNaming is what the names of one server's gates (upstreamOf) share
+// in one load, written out once, at the server's first gate's Provision,
+// for the rest to read: the same parts, written out per gate, cost a
+// config of 800 gated routes seconds of every load.
+type serverNaming struct {
+	// base is a hash of the server's name (from its app) and listeners,
+	// the number of its routes (the rest are its error routes), each
+	// route's group (a later route of a group runs only if no earlier one
+	// matched) and matchers (as loaded, matcherText), and its named
+	// routes (as configured, withoutGateSettings); "" when the server
+	// cannot be written out: each of its gates is then unnamed.
+	base string
+	// tails[i] is a hash of the configuration (withoutGateSettings) of the
+	// routes, then error routes, from the i-th on, chained from the last,
+	// so a gate's name holds every route from its own on, as configured
+	// when its server's first gate was provisioned: the routes from that
+	// gate's on are all still as configured then, and a later gate's are
+	// still so when it is provisioned (Caddy drops a route's
+	// configuration only once its handlers are loaded).
+	tails []string
+	// others names the other servers, for all of the server's gates.
+	others *otherServers
+}
+
+// serverNamings holds each server's serverNaming while its config is
+// loaded, keyed by the server (a new one every load); each is dropped when
+// its config's context ends, so nothing stays from one load to the next.
+var serverNamings = struct {
+	sync.Mutex
+	m map[*caddyhttp.Server]*serverNaming
+}{m: make(map[*caddyhttp.Server]*serverNaming)}
+
+// namingOf is srv's serverNaming for the load of ctx, written out at its
+// first gate (newServerNaming).
+func namingOf(ctx caddy.Context, srv *caddyhttp.Server) *serverNaming {
+	serverNamings.Lock()
+	defer serverNamings.Unlock()
+	if n := serverNamings.m[srv]; n != nil {
+		return n
+	}
+	n := newServerNaming(ctx, srv)
+	serverNamings.m[srv] = n
+	context.AfterFunc(ctx, func() {
+		serverNamings.Lock()
+		delete(serverNamings.m, srv)
+		serverNamings.Unlock()
+	})
+	return n
+}
+
+// othersFor names the other servers of srv's Caddy for a gate of srv:
+// shared by the server's gates in one load (serverNaming), so they are
+// written out once, not once per gate.
+func othersFor(ctx caddy.Context, srv *caddyhttp.Server) *otherServers {
+	if srv == nil {
+		return watchOthers(ctx, nil)
+	}
+	return namingOf(ctx, srv).others
+}
+
+// newServerNaming writes srv out for its gates' names (serverNaming). Of
+// its configuration only what routes is written: its listeners, which
+// take the requests; its routes, which choose a request's handlers and so
+// its upstream; its error routes (`handle_errors`), where a failed
+// request goes on to; and its named routes, which an `invoke` in either
+// reaches by name alone. Its server-wide settings (timeouts, logs,
+// log_credentials, metrics, TLS connection policies, protocols, listener
+// wrappers, trusted proxies and client IP headers) send no request
+// anywhere else (a report keeps the call's client address rather than
+// reading it anew through trusted_proxies), so a reload or restart
+// changing only those (an access log, AOV_READ_BODY_TIMEOUT's read_body)
+// keeps the gates' names and their held outcomes' reports.
+func newServerNaming(ctx caddy.Context, srv *caddyhttp.Server) *serverNaming {
+	serversWritten.Add(1)
+	n := &serverNaming{others: watchOthers(ctx, srv)}
+	base := struct {
+		Server   string
+		Listen   []string
+		Routes   int
+		Groups   []string
+		Matchers [][][]string
+		Named    any `json:",omitempty"`
+	}{Listen: srv.Listen, Routes: len(srv.Routes)}
+	for _, m := range ctx.Modules() {
+		if app, ok := m.(*caddyhttp.App); ok {
+			for name, s := range app.Servers {
+				if s == srv {
+					base.Server = name
+				}
+			}
 		}
 	}
 	routes := slices.Clone(srv.Routes)
@@ -617,22 +713,46 @@ func upstreamOf(ctx caddy.Context, srv *caddyhttp.Server) string {
 	for _, r := range routes {
 		sets, err := matcherText(r.MatcherSets)
 		if err != nil {
-			return unnamed
+			return n
 		}
-		place.Matchers = append(place.Matchers, sets)
+		base.Groups = append(base.Groups, r.Group)
+		base.Matchers = append(base.Matchers, sets)
 		if run = run + 1; !autoRedirect(r) {
 			run = 0
 		}
-		slices.SortFunc(place.Matchers[len(place.Matchers)-run:], func(a, b [][]string) int {
+		slices.SortFunc(base.Matchers[len(base.Matchers)-run:], func(a, b [][]string) int {
 			return slices.CompareFunc(a, b, slices.Compare[[]string])
 		})
 	}
-	b, err := json.Marshal(place)
+	if len(srv.NamedRoutes) > 0 {
+		named, err := withoutGateSettings(srv.NamedRoutes)
+		if err != nil {
+			return n
+		}
+		base.Named = named
+	}
+	tails := make([]string, len(routes)+1)
+	for i := len(routes) - 1; i >= 0; i-- {
+		config, err := withoutGateSettings(routes[i])
+		if err != nil {
+			return n
+		}
+		b, err := json.Marshal(config)
+		if err != nil {
+			return n
+		}
+		// The next one's hash first, of fixed length: the text after it
+		// is this route's alone.
+		sum := sha256.Sum256(append([]byte(tails[i+1]), withFixedPlaceholders(b)...))
+		tails[i] = hex.EncodeToString(sum[:])
+	}
+	b, err := json.Marshal(base)
 	if err != nil {
-		return unnamed
+		return n
 	}
 	sum := sha256.Sum256(withFixedPlaceholders(b))
-	return hex.EncodeToString(sum[:])
+	n.base, n.tails = hex.EncodeToString(sum[:]), tails
+	return n
 }
 
 // fixedPlaceholders are the prefixes of the placeholders whose value is
@@ -666,30 +786,15 @@ func withFixedPlaceholders(text []byte) []byte {
 	return []byte(fixed.ReplaceKnown(string(text), ""))
 }
 
-// withoutGateSettings is the part of srv's configuration that routes, as
-// JSON: its routes, which choose a request's handlers and so its upstream;
-// its error routes (`handle_errors`), where a failed request goes on to;
-// and its named routes, which an `invoke` in either reaches by name alone.
-// Its listeners are in upstreamOf's name apart. The server-wide settings
-// (timeouts, logs, log_credentials, metrics, TLS connection policies,
-// protocols, listener wrappers, trusted proxies and client IP headers)
-// send no request anywhere else: a report keeps the call's client address
-// rather than reading it anew through trusted_proxies. So a reload or
-// restart changing only those (an access log, AOV_READ_BODY_TIMEOUT's
-// read_body) keeps the gates' names and their held outcomes' reports.
-//
-// Each gate (handler x402) is written as its handler name alone: a gate's
-// settings (prices, facilitator, store, free allowance) decide whether a
-// call is served, never where it goes on to, so an operator who changes
-// them (a facilitator's rpc_url, say) keeps the gates' names and their
-// held outcomes' reports; the route and MCP tool a gate prices are in
-// gateID.
-func withoutGateSettings(srv *caddyhttp.Server) (any, error) {
-	b, err := json.Marshal(struct {
-		Routes      caddyhttp.RouteList         `json:"routes,omitempty"`
-		Errors      *caddyhttp.HTTPErrorConfig  `json:"errors,omitempty"`
-		NamedRoutes map[string]*caddyhttp.Route `json:"named_routes,omitempty"`
-	}{srv.Routes, srv.Errors, srv.NamedRoutes})
+// withoutGateSettings is v's configuration (a route's, a server's named
+// routes') as JSON, each gate's (handler x402) written as its handler name
+// alone: a gate's settings (prices, facilitator, store, free allowance)
+// decide whether a call is served, never where it goes on to, so an
+// operator who changes them (a facilitator's rpc_url, say) keeps the
+// gates' names and their held outcomes' reports; the route and MCP tool a
+// gate prices are in gateID.
+func withoutGateSettings(v any) (any, error) {
+	b, err := json.Marshal(v)
 	if err != nil {
 		return nil, err
 	}
@@ -828,21 +933,22 @@ func sortedLists[M ~map[string][]string](m M) M {
 
 // routeIndex is the place, in a list of routes and its error routes, of
 // the route being provisioned: the first whose handlers are not loaded
-// yet; "" when there is none.
-func routeIndex(routes caddyhttp.RouteList, errs *caddyhttp.HTTPErrorConfig) string {
+// yet; "" when there is none. from is its index in the two lists one
+// after the other.
+func routeIndex(routes caddyhttp.RouteList, errs *caddyhttp.HTTPErrorConfig) (at string, from int) {
 	for i := range routes {
 		if routes[i].HandlersRaw != nil {
-			return strconv.Itoa(i)
+			return strconv.Itoa(i), i
 		}
 	}
 	if errs != nil {
 		for i := range errs.Routes {
 			if errs.Routes[i].HandlersRaw != nil {
-				return "errors " + strconv.Itoa(i)
+				return "errors " + strconv.Itoa(i), len(routes) + i
 			}
 		}
 	}
-	return ""
+	return "", 0
 }
 
 // maxHeldAnswer bounds an answer kept for an unknown settlement.
