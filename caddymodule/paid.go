@@ -1469,20 +1469,16 @@ func (g *Gate) noteIfClientLeft(r *http.Request) {
 	}
 }
 
-// maxFacilitatorRetryAfter bounds the wait a facilitator's Retry-After
-// can impose on a buyer through the gate's 503.
-const maxFacilitatorRetryAfter = 60
-
 // facilitatorUnavailable is the gate's 503 when the facilitator could not
 // verify or settle (nothing was charged): retry after 2 seconds, or after
 // the facilitator's own Retry-After when it refused with one (its rate
-// limit, say), up to a minute. A buyer told 2 s by a facilitator that said
-// 30 would only be refused again.
+// limit, say), up to x402.MaxRetryAfter. A buyer told 2 s by a facilitator
+// that said 30 would only be refused again.
 func facilitatorUnavailable(err error) *apierr.Error {
 	wait := 2
 	var fe *x402.FacilitatorError
 	if errors.As(err, &fe) && fe.RetryAfter > 0 {
-		wait = min(max(wait, int(fe.RetryAfter/time.Second)), maxFacilitatorRetryAfter)
+		wait = max(wait, x402.RetryAfterSeconds(fe.RetryAfter))
 	}
 	return apierr.Unavailable("payment facilitator", wait, err)
 }

@@ -207,7 +207,7 @@ func (h *facilitatorHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// (any proxy in between may answer one), and would hold a
 			// payment never sent, its buyer told not to pay again.
 			if fe, ok := errors.AsType[*FacilitatorError](err); ok && fe.RetryAfter > 0 {
-				w.Header().Set("Retry-After", strconv.Itoa(int((fe.RetryAfter+time.Second-1)/time.Second)))
+				w.Header().Set("Retry-After", strconv.Itoa(RetryAfterSeconds(fe.RetryAfter)))
 			}
 			writeJSON(w, http.StatusOK, notSettled(req))
 			return

@@ -22,8 +22,51 @@ const (
 	DefaultMaxResponseBytes   = 1 << 20
 	DefaultRetries            = 2
 	DefaultBackoff            = 200 * time.Millisecond
-	maxRetryAfter             = 5 * time.Second
+	// maxRetryWait is the longest Retry-After the client itself waits
+	// before retrying /verify or /supported within one call.
+	maxRetryWait = 5 * time.Second
 )
+
+// MaxRetryAfter bounds the wait a facilitator's Retry-After can impose:
+// FacilitatorError.RetryAfter is at most this long, so the gate's 503 to
+// its buyer and the x402_facilitator handler's answer to its own clients
+// (which a gate in front passes on) ask for no longer. The value is the
+// remote's to send: a day would park a buyer's retry for a day, for a
+// rate limit that lifts in seconds.
+const MaxRetryAfter = 60 * time.Second
+
+// ParseRetryAfter reads a Retry-After value as RFC 9110 (section 10.2.3)
+// defines it, delay-seconds or an HTTP-date (each format http.ParseTime
+// accepts), as the wait from now: 0 for an empty, negative or malformed
+// value, or a date not after now; a longer wait than MaxRetryAfter is
+// MaxRetryAfter, whatever its digits (18446744074 seconds, multiplied
+// into a time.Duration, would wrap to 290 ms). The one reading of the
+// header, for every reply of a facilitator.
+func ParseRetryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	if strings.Trim(v, "0123456789") == "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		switch {
+		case err != nil, n >= uint64(MaxRetryAfter/time.Second): // only too many digits fail
+			return MaxRetryAfter
+		}
+		return time.Duration(n) * time.Second
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0
+	}
+	return min(max(t.Sub(now), 0), MaxRetryAfter)
+}
+
+// RetryAfterSeconds is d, a facilitator's Retry-After, as delay-seconds
+// to pass on: whole seconds, rounded up, at most MaxRetryAfter's.
+func RetryAfterSeconds(d time.Duration) int {
+	return int((min(d, MaxRetryAfter) + time.Second - 1) / time.Second)
+}
 
 // HTTPFacilitatorConfig configures a client of a remote facilitator.
 type HTTPFacilitatorConfig struct {
@@ -132,7 +175,7 @@ type FacilitatorError struct {
 	Status int    // HTTP status, 0 when there was no reply
 	// RetryAfter is the Retry-After the facilitator sent with its refusal
 	// (a 429 or 503, say), 0 without one: when the caller's own client may
-	// try again.
+	// try again. At most MaxRetryAfter (ParseRetryAfter).
 	RetryAfter time.Duration
 	Err        error
 }
@@ -342,7 +385,7 @@ func (f *HTTPFacilitator) callWithRetry(ctx context.Context, op, method, path st
 			return err
 		}
 		d := wait
-		if r.retryAfter > 0 && r.retryAfter <= maxRetryAfter {
+		if r.retryAfter > 0 && r.retryAfter <= maxRetryWait {
 			d = r.retryAfter
 		}
 		wait *= 2
@@ -397,9 +440,7 @@ func (f *HTTPFacilitator) do(ctx context.Context, method, path string, body []by
 	}
 	defer resp.Body.Close()
 	r := reply{status: resp.StatusCode}
-	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 {
-		r.retryAfter = time.Duration(s) * time.Second
-	}
+	r.retryAfter = ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
 	if r.body, err = io.ReadAll(io.LimitReader(resp.Body, f.cfg.MaxResponseBytes+1)); err != nil {
 		return r, fmt.Errorf("reading reply: %w", err)
 	}

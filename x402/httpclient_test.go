@@ -145,7 +145,7 @@ func TestHTTPFacilitatorHonoursRetryAfter(t *testing.T) {
 }
 
 // A refusal whose Retry-After is longer than the client waits itself
-// (past maxRetryAfter) ends the call, and the error carries it for the
+// (past maxRetryWait) ends the call, and the error carries it for the
 // caller to pass on, from verify and from settle alike.
 func TestHTTPFacilitatorErrorCarriesRetryAfter(t *testing.T) {
 	p, req := samplePayment(t)
