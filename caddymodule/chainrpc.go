@@ -43,7 +43,8 @@ const maxChainReply = 1 << 20
 // gateway read one for free: receipts are read by the hash of a
 // settlement transaction, the relayer's own or one the facilitator named,
 // never of whatever transaction used a payment's nonce, which the payer
-// may have sent (that one is judged by its logs: evmfacilitator's
+// may have sent (that one is judged by its logs and its call, the
+// transaction read once per nonce and remembered: evmfacilitator's
 // findNonceUse).
 const maxChainRecord = 32 << 20
 

@@ -28,8 +28,11 @@ import (
 // used it is found by the token's AuthorizationUsed/AuthorizationCanceled
 // log, searched from the settlement attempt on (SentSettlement.After), and
 // the transfer happened only when it carries the authorization's Transfer
-// to payTo; the nonce spent otherwise: it never can; used by a transaction
-// that cannot be found or read: still undecided. Unused with validBefore
+// to payTo and its call of the token executed this very authorization
+// (another of the nonce, in an overlapping window, logs the same
+// Transfer); the nonce spent otherwise: it never can; used by a
+// transaction that cannot be found or read, or whose call is not the
+// token's own: still undecided. Unused with validBefore
 // reached by the head block's time: it never can; otherwise undecided.
 // Each check is bounded by the facilitator's timeout. Nothing is ever sent.
 //

@@ -186,11 +186,14 @@ func resignUsed(t *testing.T, offer x402.PaymentRequirements, p x402.PaymentPayl
 // bisections to the validity window, eth_getLogs) runs once a minute per
 // token, payer and nonce once it found the nonce's log: every repeat after
 // the first costs at most one chain read (authorizationState). The settled
-// payment itself, and an authorization whose window holds its block, is
-// told it settled earlier; one whose window closed before gets the
-// facilitator's refusal: the nonce is used (the facilitator reads the
-// nonce of an expired authorization before refusing it for time, as a
-// retry of its own landed settlement is answered so).
+// payment itself is told it settled earlier; an authorization re-signed
+// with another window, whether it holds the settlement's block or closed
+// before, gets the facilitator's refusal: the nonce is used, by a
+// transaction that executed the settled payment, not it (the facilitator
+// reads the nonce of an expired authorization before refusing it for
+// time, as a retry of its own landed settlement is answered so). (Before:
+// one whose window held the block was told it settled earlier, by the
+// other authorization's transfer.)
 func TestSettledEarlierRemembersAUsedNoncesSearch(t *testing.T) {
 	url, p, pl, calls, up := settledElsewhere(t)
 	pr := paymentRequired(t, post(t, url, "", nil))
@@ -206,7 +209,7 @@ func TestSettledEarlierRemembersAUsedNoncesSearch(t *testing.T) {
 		{"the settled payment itself, replayed", func(int) string { return orig }, x402.ReasonPaymentAlreadyUsed},
 		{"the payer's re-signed authorization of the used nonce, validAfter 0, its window holding the settlement", func(i int) string {
 			return resignUsed(t, pr.Accepts[0], p, pl, 4, "0", fmt.Sprint(time.Now().Add(time.Duration(60+i)*time.Second).Unix()))
-		}, x402.ReasonPaymentAlreadyUsed},
+		}, x402.ReasonExactEVMNonceAlreadyUsed},
 		{"the payer's re-signed authorization of the used nonce, its window closed before the settlement", func(i int) string {
 			return resignUsed(t, pr.Accepts[0], p, pl, 4, "0", fmt.Sprint(time.Now().Add(-time.Duration(10+i)*time.Minute).Unix()))
 		}, x402.ReasonExactEVMNonceAlreadyUsed},

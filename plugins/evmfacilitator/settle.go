@@ -76,7 +76,9 @@ import (
 //     not proof (the payer can cancel it, or spend it on another
 //     authorization): settled (success, naming the transaction) only when
 //     the transaction that used it, ours or another, carries the
-//     authorization's Transfer to payTo; not settled when the nonce was
+//     authorization's Transfer to payTo and its call executed this very
+//     authorization (another of the nonce, in an overlapping window, logs
+//     the same Transfer: nonceUse.judge); not settled when the nonce was
 //     spent without it, or is unused while our transaction can no longer
 //     execute (its receipt shows it reverted, or it is not found while the
 //     authorization has expired or the relayer's nonce has moved past it);
@@ -447,13 +449,13 @@ func (f *Facilitator) mayRunCode(c *checked) bool { return c.codeRead && c.hasCo
 // telling apart the case that matters to a caller retrying /settle after a
 // lost reply (this instance restarted, or another settled it): when the
 // nonce was used by this authorization's own transfer to payTo (judged as
-// usedStatus judges it, from the logs alone, in a block where it could
-// have executed: nonceUse.within), the answer names that transaction and
-// says the payment was already settled. Another authorization of the
-// nonce (the same payer, payTo and value, another validity window) whose
-// transfer landed after this one expired, or before it was valid, carries
-// the same logs but was never this payment: named, it would tell a payer
-// charged nothing for it that it paid. The reason stays
+// usedStatus judges it, by its logs and by the call its transaction made:
+// nonceUse.judge), the answer names that transaction and says the payment
+// was already settled. Another authorization of the nonce (the same
+// payer, payTo and value, another validity window, overlapping this one's
+// or not) carries the same logs but was never this payment: named, it
+// would tell a payer charged nothing for it that it paid, and a gate would
+// serve two calls for one transfer. The reason stays
 // the reference facilitator's nonce_already_used. The search covers the
 // blocks from sentSlack before now (findNonceLog), where such a retry's
 // settlement is; one further back leaves the plain refusal, which tells
@@ -905,7 +907,7 @@ func (f *Facilitator) sentByRelayer(ctx context.Context, h common.Hash) (bool, e
 // transaction that did not transfer, proven only when it reverted
 // (reverted); any other receipt is unknown.
 func (f *Facilitator) judgeOwn(ctx context.Context, c *checked, s *sentSettlement, tx *types.Transaction, rcpt *types.Receipt, cause error) (x402.SettleResponse, error) {
-	st, found, err := f.judgeReceipt(ctx, rcpt, c.token, c.auth)
+	st, found, err := f.judgeReceipt(ctx, tx, rcpt, c.token, c.auth)
 	switch {
 	case err != nil:
 		return x402.SettleResponse{}, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("%v; then: %w", cause, err)}

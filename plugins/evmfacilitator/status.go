@@ -32,10 +32,12 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 // (a worthless transfer to themselves), and then nothing reaches payTo.
 // So a used nonce is judged by the transaction that used it (usedStatus):
 // the settlement is done only when that transaction carries the
-// authorization's own Transfer(from, payTo, value); never when the nonce
-// went another way; and an error, never done, while that transaction cannot
-// be found or read. Unused with validBefore reached by the head block's time
-// means it can never happen (the token requires block.timestamp <
+// authorization's own Transfer(from, payTo, value) and its call executed
+// this very authorization (nonceUse.judge); never when the nonce went
+// another way; and an error, never done, while that transaction cannot
+// be found, read, or told apart from a call of another authorization.
+// Unused with validBefore reached by the head block's time means it can
+// never happen (the token requires block.timestamp <
 // validBefore, and block time never goes back); unused otherwise is
 // undecided.
 //
@@ -182,9 +184,10 @@ var (
 // included, or the one the facilitator named and those sent for the same
 // settlement), looked at first by their receipts; without one, or when
 // none is it, the nonce's log is searched for from after on and the
-// transaction judged by its logs (findNonceUse), never by its receipt,
-// which whoever sent it chose the size of. The embedded facilitator's
-// Settle and every status reader judge by this one function, so they agree.
+// transaction judged by its logs and its call (findNonceUse), never by its
+// receipt, which whoever sent it chose the size of. The embedded
+// facilitator's Settle and every status reader judge by this one function,
+// so they agree.
 //
 // Without after (zero: a caller that knows nothing of the attempt, such as
 // a gate asking whether a refused payment settled earlier) the search
@@ -205,7 +208,7 @@ var (
 func (f *Facilitator) usedStatus(ctx context.Context, token common.Address, a x402.AuthorizationValues, hints []common.Hash, after time.Time) (x402.SettlementStatus, error) {
 	for _, h := range hints {
 		if r, err := f.chain.TransactionReceipt(ctx, h); err == nil {
-			if st, found, err := f.judgeReceipt(ctx, r, token, a); found || err != nil {
+			if st, found, err := f.judgeReceipt(ctx, nil, r, token, a); found || err != nil {
 				return st, err
 			}
 		}
@@ -230,15 +233,16 @@ func (f *Facilitator) usedStatus(ctx context.Context, token common.Address, a x4
 	return u.judge(token, a)
 }
 
-// nonceUse is what the chain's logs say of a used nonce, whatever
-// authorization of it is asked about: the token's log that marked it used
-// or cancelled, and the token's Transfer logs from the authorizer in the
-// transaction that emitted it. It is all judgeReceipt reads of a receipt,
-// got with two filtered eth_getLogs, each reply bounded by the few logs
-// that match: a transaction that used the nonce may carry any number of
-// other logs (a batch's, or an attacker's who spent their own nonce in a
-// transaction of 5000 logs, a receipt of 1.8 MiB, and then asks to settle
-// authorizations of it again and again), and its receipt is not read.
+// nonceUse is what the chain says of a used nonce, whatever authorization
+// of it is asked about: the token's log that marked it used or cancelled,
+// the token's Transfer logs from the authorizer in the transaction that
+// emitted it, and, for a use, the call that transaction made (usedCall).
+// The logs are got with two filtered eth_getLogs, each reply bounded by
+// the few logs that match: a transaction that used the nonce may carry any
+// number of other logs (a batch's, or an attacker's who spent their own
+// nonce in a transaction of 5000 logs, a receipt of 1.8 MiB, and then asks
+// to settle authorizations of it again and again), and its receipt is not
+// read.
 //
 // Of those Transfers, the one right after the nonce's log (the
 // authorization's own, when it paid) is kept, and maxOtherTransfers
@@ -249,29 +253,85 @@ type nonceUse struct {
 	log       *types.Log
 	transfers []types.Log
 	more      bool
-	// at is the time of log's block, read when log is an
-	// AuthorizationUsed (a cancellation is never whatever its time).
-	at uint64
+	// call is what the transaction that emitted log called, read when
+	// log is an AuthorizationUsed (a cancellation is never whatever it
+	// called).
+	call usedCall
 }
 
-// within reports whether u's log is in a block where a could have
-// executed (validAfter < block.timestamp < validBefore): a log found for
-// another authorization of the nonce (usedCache and withinValidity
-// remember it per nonce, and a hint or a search from a settlement
-// attempt's time finds whichever authorization used it) and outside a's
-// window says a never executed. judge asks it first, so that every path
-// that names a transaction for an authorization by its nonce (alreadyUsed,
-// usedStatus with or without the attempt's time, a hint's receipt) keeps
-// this rule. False without a log.
-func (u nonceUse) within(a x402.AuthorizationValues) bool {
-	if u.log == nil {
-		return false
+// usedCall is which authorization a transaction that used a nonce
+// executed, read from its input: the logs cannot tell it. Two
+// authorizations of one nonce, payer, payTo and value whose validity
+// windows overlap (they differ in validAfter or validBefore, so in their
+// signatures) log the same AuthorizationUsed and the same Transfer in any
+// block both windows hold; only the one executed was paid, and judged by
+// the logs the other would be answered paid by the same transfer. A
+// direct call of the token's transferWithAuthorization (either form: v, r,
+// s or a bytes signature) names every member of the authorization it
+// executes, so it tells them apart; receiveWithAuthorization is signed as
+// another type than any x402 payment, so it never executes one. Any other
+// transaction (a smart wallet's or a relayer contract's, whose call
+// reached the token inside) is unknown: its input is its contract's to
+// read, and what it asked of the token is not seen.
+type usedCall struct {
+	auth    *x402.AuthorizationValues // nil when unknown
+	receive bool                      // receiveWithAuthorization
+	why     string                    // why auth is unknown
+}
+
+// callOf reads tx's call of token (usedCall).
+func callOf(tx *types.Transaction, token common.Address) usedCall {
+	data := tx.Data()
+	switch {
+	case tx.To() == nil:
+		return usedCall{why: "it created a contract"}
+	case *tx.To() != token:
+		return usedCall{why: "it called " + tx.To().Hex() + ", not the token (a contract that called the token in its turn)"}
+	case len(data) < 4:
+		return usedCall{why: "its input names no method of the token"}
 	}
-	if u.log.Topics[0] == authorizationCanceledEventID {
-		return true // judged never by judge
+	m, err := tokenABI.MethodById(data[:4])
+	if err != nil || (m.RawName != "transferWithAuthorization" && m.RawName != "receiveWithAuthorization") {
+		return usedCall{why: "it called another method of the token than transferWithAuthorization"}
 	}
-	t := new(big.Int).SetUint64(u.at)
-	return a.ValidAfter.Cmp(t) < 0 && t.Cmp(a.ValidBefore) < 0
+	args, err := m.Inputs.Unpack(data[4:])
+	if err != nil {
+		return usedCall{why: "its call of " + m.RawName + " does not decode: " + err.Error()}
+	}
+	a := x402.AuthorizationValues{}
+	var ok [6]bool
+	a.From, ok[0] = args[0].(common.Address)
+	a.To, ok[1] = args[1].(common.Address)
+	a.Value, ok[2] = args[2].(*big.Int)
+	a.ValidAfter, ok[3] = args[3].(*big.Int)
+	a.ValidBefore, ok[4] = args[4].(*big.Int)
+	a.Nonce, ok[5] = args[5].([32]byte)
+	if ok != [6]bool{true, true, true, true, true, true} {
+		return usedCall{why: "its call of " + m.RawName + " does not decode as an authorization"}
+	}
+	return usedCall{auth: &a, receive: m.RawName == "receiveWithAuthorization"}
+}
+
+// executed judges a, whose Transfer the logs of u's transaction carry
+// right after the nonce's log, by the call that transaction made: done
+// only when it executed a itself (every member the same, so the same
+// EIP-712 digest: one authorization, however its signature is encoded);
+// never when it provably executed another authorization of the nonce;
+// an error (unknown, never done) when its call is not read as one
+// (usedCall).
+func (u nonceUse) executed(a x402.AuthorizationValues) (x402.SettlementStatus, error) {
+	tx := u.log.TxHash.Hex()
+	c := u.call
+	switch {
+	case c.auth == nil:
+		return x402.SettlementStatus{}, fmt.Errorf("the transaction %s used the nonce with a matching Transfer, but %s: which authorization it executed is unknown", tx, c.why)
+	case c.auth.From != a.From || c.auth.Nonce != a.Nonce:
+		return x402.SettlementStatus{}, fmt.Errorf("the transaction %s logged the nonce's use, but its call executes another payer's or nonce's authorization", tx)
+	case c.receive, c.auth.To != a.To, c.auth.Value.Cmp(a.Value) != 0,
+		c.auth.ValidAfter.Cmp(a.ValidAfter) != 0, c.auth.ValidBefore.Cmp(a.ValidBefore) != 0:
+		return never(), nil
+	}
+	return x402.SettlementStatus{State: x402.SettlementDone, Transaction: tx}, nil
 }
 
 // maxOtherTransfers bounds the Transfers a nonceUse keeps besides the one
@@ -296,11 +356,11 @@ func usedByUnknown(err error) error {
 }
 
 // nonceUseOf is the nonceUse of l, the log that marked a's nonce used:
-// when it is not a cancellation, its block's time and the token's Transfer
-// logs from a's authorizer in the same transaction, read from that log's
-// block by its hash (a block reorganised away since is an error, not an
-// answer). The time is what judging another authorization of the nonce by
-// this log needs (nonceUse.within).
+// when it is not a cancellation, the token's Transfer logs from a's
+// authorizer in the same transaction, read from that log's block by its
+// hash (a block reorganised away since is an error, not an answer), and
+// the call its transaction made (usedCall), which judging any
+// authorization of the nonce paid by it needs.
 func (f *Facilitator) nonceUseOf(ctx context.Context, token common.Address, a x402.AuthorizationValues, l *types.Log) (nonceUse, error) {
 	if l.Topics[0] == authorizationCanceledEventID {
 		return nonceUse{log: l}, nil
@@ -311,12 +371,12 @@ func (f *Facilitator) nonceUseOf(ctx context.Context, token common.Address, a x4
 	if err != nil {
 		return nonceUse{}, fmt.Errorf("the authorization's nonce was used by %s, whose transfers cannot be read: %w", l.TxHash.Hex(), err)
 	}
-	h, err := f.chain.HeaderByNumber(ctx, new(big.Int).SetUint64(l.BlockNumber))
+	tx, _, err := f.chain.TransactionByHash(ctx, l.TxHash)
 	if err != nil {
-		return nonceUse{}, fmt.Errorf("the authorization's nonce was used by %s, whose block cannot be read: %w", l.TxHash.Hex(), err)
+		return nonceUse{}, fmt.Errorf("the authorization's nonce was used by %s, whose call cannot be read: %w", l.TxHash.Hex(), err)
 	}
 	u := keepTransfers(l, logs)
-	u.at = h.Time
+	u.call = callOf(tx, token)
 	return u, nil
 }
 
@@ -342,29 +402,28 @@ func keepTransfers(l *types.Log, logs []types.Log) nonceUse {
 }
 
 // judge judges authorization a (of the nonce u is about), from the logs
-// eth_getLogs found or from its transaction's receipt (judgeReceipt):
-// no log, or one in a block where a could not have executed (within), is
-// never: the nonce is used once, and another authorization of it (the
-// same payer, payTo and value, another validity window) used it, whose
-// Transfer looks like a's but was never a's payment, so one transfer
-// would answer two; cancelled is never; used, it paid only when the
-// token's next log, the one right after the nonce's in the block, is a's
-// Transfer(from, payTo, value); a matching Transfer elsewhere in the
-// transaction is an error (it may be another payment's, and the money may
-// have moved); otherwise never. A transaction that failed has no logs, so
-// none is found.
+// eth_getLogs found or from its transaction's receipt (judgeReceipt), the
+// one rule every path that names a transaction for an authorization by its
+// nonce keeps (alreadyUsed, usedStatus with or without the attempt's
+// time, a hint's receipt, our own transaction's): no log is never;
+// cancelled is never; used, it paid only when the token's next log, the
+// one right after the nonce's in the block, is a's Transfer(from, payTo,
+// value) and the transaction's call executed a itself (executed: the
+// nonce is used once, and another authorization of it, the same payer,
+// payTo and value in another validity window, logs the same Transfer, so
+// one transfer would answer two payments); a matching Transfer elsewhere
+// in the transaction is an error (it may be another payment's, and the
+// money may have moved); otherwise never. A transaction that failed has
+// no logs, so none is found.
 func (u nonceUse) judge(token common.Address, a x402.AuthorizationValues) (x402.SettlementStatus, error) {
-	if !u.within(a) {
-		return never(), nil
-	}
-	if u.log.Topics[0] == authorizationCanceledEventID {
+	if u.log == nil || u.log.Topics[0] == authorizationCanceledEventID {
 		return never(), nil
 	}
 	matching := false
 	for i := range u.transfers {
 		if t := &u.transfers[i]; isTransfer(t, token, a) {
 			if t.Index == u.log.Index+1 {
-				return x402.SettlementStatus{State: x402.SettlementDone, Transaction: u.log.TxHash.Hex()}, nil
+				return u.executed(a)
 			}
 			matching = true
 		}
@@ -387,14 +446,15 @@ func never() x402.SettlementStatus {
 // it carries neither), as nonceUse.judge judges the same logs read by
 // eth_getLogs: one judge, so that a settlement and every status reader
 // agree. Of a receipt already read, every Transfer from the payer is kept,
-// none is left undecided. The block's time is read for an
-// AuthorizationUsed, as nonceUseOf reads it: the receipt is a hint (the
-// transaction a gate kept, or one a facilitator named), which may be
-// another authorization's of the nonce, and judge tells them apart by it
-// (nonceUse.within); a block that cannot be read is an error. A failed
-// transaction that logged the nonce is an error, not a judgement (a
-// failed transaction has no logs).
-func (f *Facilitator) judgeReceipt(ctx context.Context, r *types.Receipt, token common.Address, a x402.AuthorizationValues) (x402.SettlementStatus, bool, error) {
+// none is left undecided. For an AuthorizationUsed the call of the
+// receipt's transaction is read, as nonceUseOf reads it: tx when the
+// caller has it (our own), by its hash otherwise, since the receipt may
+// be a hint (the transaction a gate kept, or one a facilitator named) of
+// another authorization of the nonce, which judge tells apart by it; a
+// transaction that cannot be read is an error. A failed transaction that
+// logged the nonce is an error, not a judgement (a failed transaction has
+// no logs).
+func (f *Facilitator) judgeReceipt(ctx context.Context, tx *types.Transaction, r *types.Receipt, token common.Address, a x402.AuthorizationValues) (x402.SettlementStatus, bool, error) {
 	for _, l := range r.Logs {
 		if !isNonceLog(l, token, a) {
 			continue
@@ -404,11 +464,13 @@ func (f *Facilitator) judgeReceipt(ctx context.Context, r *types.Receipt, token 
 		}
 		u := nonceUse{log: l}
 		if l.Topics[0] == authorizationUsedEventID {
-			h, err := f.chain.HeaderByNumber(ctx, new(big.Int).SetUint64(l.BlockNumber))
-			if err != nil {
-				return x402.SettlementStatus{}, true, fmt.Errorf("the authorization's nonce was used by %s, whose block cannot be read: %w", r.TxHash.Hex(), err)
+			if tx == nil {
+				var err error
+				if tx, _, err = f.chain.TransactionByHash(ctx, r.TxHash); err != nil {
+					return x402.SettlementStatus{}, true, fmt.Errorf("the authorization's nonce was used by %s, whose call cannot be read: %w", r.TxHash.Hex(), err)
+				}
 			}
-			u.at = h.Time
+			u.call = callOf(tx, token)
 		}
 		for _, t := range r.Logs {
 			if t.Address == token && !t.Removed && len(t.Topics) == 3 && t.Topics[0] == transferEventID && t.Topics[1] == common.BytesToHash(a.From.Bytes()) {

@@ -9,7 +9,6 @@ import (
 	"math/big"
 	"math/bits"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -551,21 +550,44 @@ func TestAuthorizationEventsAreUSDCs(t *testing.T) {
 // A used nonce's transaction is judged by one judge, whether from its
 // receipt (judgeReceipt) or from the token's logs (findNonceUse keeps the
 // nonce's log and the Transfers from the payer in its transaction): it paid
-// only with the Transfer its authorization made, the token's next log; a
-// matching Transfer elsewhere in the transaction may pay another
+// only with the Transfer its authorization made, the token's next log,
+// and only when the transaction's call executed that authorization itself;
+// a matching Transfer elsewhere in the transaction may pay another
 // authorization, and one transfer must not settle two payments, so it is an
 // error, never a refusal. From the logs, a transaction with more Transfers
 // from the payer than are kept, none the authorization's own, is undecided
-// too; its receipt, read whole, decides it. A transaction in a block where
-// the authorization could not execute (past its validBefore) is another
-// authorization's of the nonce, whatever its logs: never, by either.
+// too; its receipt, read whole, decides it. A call of the token executing
+// another authorization of the nonce (another validity window, which
+// overlaps: the same logs in a block both windows hold), or receiving one,
+// is never, by either; a contract's call that reached the token inside is
+// unknown, never done. (Before: the logs alone, and the block in the
+// window, answered done for another authorization's transfer.)
 func TestOneJudgeOfAUsedNonce(t *testing.T) {
 	token := common.HexToAddress("0x5FbDB2315678afecb367f032d93F642f64180aa3")
 	from := crypto.PubkeyToAddress(payer.PublicKey)
 	a := x402.AuthorizationValues{From: from, To: payee, Value: big.NewInt(20000), Nonce: [32]byte{1},
 		ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(1000)}
-	const inWindow, pastWindow = 7, 8 // block numbers, at times 500 and 1000
-	f := &Facilitator{chain: blockTimes{times: map[uint64]uint64{inWindow: 500, pastWindow: 1000}}}
+	other := a
+	other.ValidBefore = big.NewInt(1120)
+	sig := make([]byte, 65)
+	sig[64] = 27
+	call := func(to common.Address, method string, x x402.AuthorizationValues) *types.Transaction {
+		args := []any{x.From, x.To, x.Value, x.ValidAfter, x.ValidBefore, x.Nonce}
+		if m := tokenABI.Methods[method]; len(m.Inputs) == 9 {
+			args = append(args, uint8(27), [32]byte{}, [32]byte{})
+		} else {
+			args = append(args, sig)
+		}
+		data, err := tokenABI.Pack(method, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return types.NewTx(&types.LegacyTx{To: &to, Data: data})
+	}
+	receiveBytes := findMethod("receiveWithAuthorization", 7)
+	own, ownBytes := call(token, methodTransferVRS, a), call(token, methodTransferBytes, a)
+	otherWindow, received := call(token, methodTransferVRS, other), call(token, receiveBytes, a)
+	relayed := call(common.HexToAddress("0x00000000000000000000000000000000000000aa"), methodTransferVRS, a)
 	addr := func(x common.Address) common.Hash { return common.BytesToHash(x.Bytes()) }
 	used := types.Log{Address: token, Topics: []common.Hash{authorizationUsedEventID, addr(from), common.Hash(a.Nonce)}}
 	otherUsed := types.Log{Address: token, Topics: []common.Hash{authorizationUsedEventID, addr(from), {2}}}
@@ -587,31 +609,32 @@ func TestOneJudgeOfAUsedNonce(t *testing.T) {
 	)
 	for _, tc := range []struct {
 		desc          string
-		failed        bool        // the transaction failed
+		failed        bool // the transaction failed
+		call          *types.Transaction
 		logs          []types.Log // one transaction's, in order
 		receipt, gets x402.SettlementState
 	}{
-		{"its own transfer", false, []types.Log{used, pays}, done, done},
-		{"cancelled", false, []types.Log{canceled}, never, never},
-		{"spent on a worthless transfer", false, []types.Log{used, transfer(from, 0)}, never, never},
-		{"spent paying less", false, []types.Log{used, transfer(payee, 1)}, never, never},
-		{"spent, with another authorization's payment beside", false, []types.Log{used, transfer(from, 0), otherUsed, pays}, fails, fails},
-		{"spent, with more transfers from the payer than are kept", false, many, never, fails},
-		{"spent, with as many transfers as are kept", false, many[:len(many)-1], never, never},
-		{"a failed transaction", true, []types.Log{used, pays}, fails, nolog},
-		{"not the nonce's transaction", false, []types.Log{otherUsed, pays}, none, nolog},
-		{"another authorization's, in a block at its validBefore", false, []types.Log{used, pays}, never, never},
+		{"its own transfer", false, own, []types.Log{used, pays}, done, done},
+		{"its own transfer, its signature as bytes", false, ownBytes, []types.Log{used, pays}, done, done},
+		{"cancelled", false, own, []types.Log{canceled}, never, never},
+		{"spent on a worthless transfer", false, own, []types.Log{used, transfer(from, 0)}, never, never},
+		{"spent paying less", false, own, []types.Log{used, transfer(payee, 1)}, never, never},
+		{"spent, with another authorization's payment beside", false, relayed, []types.Log{used, transfer(from, 0), otherUsed, pays}, fails, fails},
+		{"spent, with more transfers from the payer than are kept", false, relayed, many, never, fails},
+		{"spent, with as many transfers as are kept", false, relayed, many[:len(many)-1], never, never},
+		{"a failed transaction", true, own, []types.Log{used, pays}, fails, nolog},
+		{"not the nonce's transaction", false, own, []types.Log{otherUsed, pays}, none, nolog},
+		{"another authorization's of the nonce, its window overlapping", false, otherWindow, []types.Log{used, pays}, never, never},
+		{"received by payTo under another signed type", false, received, []types.Log{used, pays}, never, never},
+		{"a relayer contract's call that reached the token", false, relayed, []types.Log{used, pays}, fails, fails},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			tx := common.Hash{9}
-			number, at := uint64(inWindow), uint64(500)
-			if strings.Contains(tc.desc, "validBefore") {
-				number, at = pastWindow, 1000
-			}
+			f := &Facilitator{chain: txByHash{txs: map[common.Hash]*types.Transaction{tx: tc.call}}}
 			logs := make([]*types.Log, len(tc.logs))
 			var block []types.Log // the block's Transfers from the payer, as eth_getLogs answers
 			for i, l := range tc.logs {
-				l.TxHash, l.Index, l.BlockNumber = tx, uint(10+i), number
+				l.TxHash, l.Index, l.BlockNumber = tx, uint(10+i), 7
 				logs[i] = &l
 				if l.Topics[0] == transferEventID {
 					block = append(block, l)
@@ -637,11 +660,11 @@ func TestOneJudgeOfAUsedNonce(t *testing.T) {
 			if tc.failed {
 				status = types.ReceiptStatusFailed
 			}
-			st, found, err := f.judgeReceipt(context.Background(), &types.Receipt{Status: status, Logs: logs, TxHash: tx}, token, a)
+			st, found, err := f.judgeReceipt(context.Background(), nil, &types.Receipt{Status: status, Logs: logs, TxHash: tx}, token, a)
 			check("receipt", tc.receipt, st, found, err)
 			if tc.gets != nolog {
 				u := keepTransfers(logs[0], block)
-				u.at = at
+				u.call = callOf(tc.call, token)
 				st, err := u.judge(token, a)
 				check("logs", tc.gets, st, true, err)
 			}
@@ -649,20 +672,20 @@ func TestOneJudgeOfAUsedNonce(t *testing.T) {
 	}
 }
 
-// blockTimes is a chain whose blocks, by number, have times: all
-// judgeReceipt reads of a block (a fake: the judge's cases are logs no
-// token emits together).
-type blockTimes struct {
+// txByHash is a chain whose transactions, by hash, are txs: all
+// judgeReceipt reads of a transaction (a fake: the judge's cases are logs
+// no token emits together).
+type txByHash struct {
 	Chain
-	times map[uint64]uint64
+	txs map[common.Hash]*types.Transaction
 }
 
-func (b blockTimes) HeaderByNumber(_ context.Context, n *big.Int) (*types.Header, error) {
-	t, ok := b.times[n.Uint64()]
+func (c txByHash) TransactionByHash(_ context.Context, h common.Hash) (*types.Transaction, bool, error) {
+	tx, ok := c.txs[h]
 	if !ok {
-		return nil, ethereum.NotFound
+		return nil, false, ethereum.NotFound
 	}
-	return &types.Header{Number: n, Time: t}, nil
+	return tx, false, nil
 }
 
 // staleHead is a real chain client whose head block is an older one, as a

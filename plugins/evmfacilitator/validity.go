@@ -369,7 +369,8 @@ func (f *Facilitator) spanTimes(ctx context.Context, s *span) error {
 
 // validityCache remembers, for usedStatus's searches of validity windows,
 // per token, payer and nonce: the log found (a nonce is used once, and
-// within tells whether another window holds it), the spans searched whole
+// the call of its transaction tells which authorization of it executed),
+// the spans searched whole
 // without finding it, and the windows whose search was cut short, each for
 // usedCacheTTL. The payer chooses the window and can sign any number of
 // authorizations of a spent nonce: a window wholly within a span is
