@@ -19,7 +19,15 @@
 // Test helpers (not Solana methods): aov_setTokenBalance [owner, mint,
 // amount, tokenProgram?], aov_createMint [address, decimals, tokenProgram?],
 // aov_airdrop [address, lamports], aov_setAccount [address, owner, base64
-// data] (rent-exempt), aov_expireBlockhash [].
+// data] (rent-exempt), aov_expireBlockhash [], aov_advanceClock [seconds].
+//
+// The chain's clock is the wall clock, as a cluster's is (a bank's Clock
+// sysvar and a block's blockTime are the validators' estimate of the wall
+// time): litesvm's own never moves (its unix_timestamp stays 0), so every
+// request first sets it (syncClock), and a landed transaction's blockTime
+// is the same reading. aov_advanceClock moves the chain's clock on by that
+// many seconds from then on (a test that needs the chain to have aged
+// without waiting for it).
 import http from "node:http";
 import { fstatSync } from "node:fs";
 import { createHash, createPrivateKey, createPublicKey } from "node:crypto";
@@ -47,6 +55,17 @@ const byAccount = new Map();
 // Blockhashes this chain has handed out, and whether they are still valid.
 const blockhashes = new Map();
 let slot = 1n;
+// clockOffset: seconds the chain's clock runs ahead of the wall clock
+// (aov_advanceClock).
+let clockOffset = 0;
+function unixNow() {
+  return Math.floor(Date.now() / 1000) + clockOffset;
+}
+function syncClock() {
+  const c = svm.getClock();
+  c.unixTimestamp = BigInt(unixNow());
+  svm.setClock(c);
+}
 function latest() {
   const bh = svm.latestBlockhash();
   if (!blockhashes.has(bh)) blockhashes.set(bh, { valid: true, lastValidBlockHeight: slot + 150n });
@@ -358,7 +377,7 @@ const methods = {
     const landed = !err || JSON.stringify(err).includes("InstructionError");
     if (!landed) throw rpcError(-32002, "Transaction simulation failed", { err, ...metaOf(res) });
     slot += 1n;
-    statuses.set(sig, { slot: Number(slot), err, blockTime: Math.floor(Date.now() / 1000), bytes: Buffer.from(bytes) });
+    statuses.set(sig, { slot: Number(slot), err, blockTime: unixNow(), bytes: Buffer.from(bytes) });
     for (const a of new Set(accountKeys(bytes).keys)) {
       if (!byAccount.has(a)) byAccount.set(a, []);
       byAccount.get(a).push(sig);
@@ -394,12 +413,19 @@ const methods = {
     slot += 151n;
     return latest().blockhash;
   },
+  aov_advanceClock: ([seconds]) => {
+    if (!Number.isInteger(seconds) || seconds < 0) throw rpcError(-32602, "seconds: a whole number, not negative");
+    clockOffset += seconds;
+    syncClock();
+    return unixNow();
+  },
 };
 
 async function handle(req) {
   if (req?.jsonrpc !== "2.0" || typeof req.method !== "string") return { jsonrpc: "2.0", id: req?.id ?? null, error: { code: -32600, message: "Invalid request" } };
   const fn = methods[req.method];
   if (!fn) return { jsonrpc: "2.0", id: req.id, error: { code: -32601, message: "Method not found" } };
+  syncClock();
   try {
     return { jsonrpc: "2.0", id: req.id, result: await fn(req.params ?? []) };
   } catch (e) {

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aovhq/aov/internal/interop"
 )
@@ -166,4 +167,12 @@ func (c *Chain) LatestBlockhash() string {
 func (c *Chain) ExpireBlockhash() {
 	c.t.Helper()
 	c.Call("aov_expireBlockhash", nil)
+}
+
+// AdvanceClock moves the chain's clock (its Clock sysvar and the blockTime
+// of the transactions that land from then on) d ahead, whole seconds, as
+// if the chain had run that much longer than the wall clock says.
+func (c *Chain) AdvanceClock(d time.Duration) {
+	c.t.Helper()
+	c.Call("aov_advanceClock", nil, int64(d/time.Second))
 }

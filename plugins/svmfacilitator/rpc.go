@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -418,6 +419,42 @@ func (c *RPC) Slot(ctx context.Context) (uint64, error) {
 	}
 	c.saw(processed, slot)
 	return slot, nil
+}
+
+// ClockSysvar is the address of the Clock sysvar account: the bank's slot,
+// epoch and unix_timestamp, the chain's own clock.
+const ClockSysvar = "SysvarC1ock11111111111111111111111111111111"
+
+// ChainTime returns the unix time (seconds) of the chain's own clock, the
+// Clock sysvar's unix_timestamp as the confirmed bank at minSlot or later
+// holds it (the clock a block's blockTime is read from), and that bank's
+// slot. A bank older than minSlot is an error (the node's -32016, or a
+// behindError).
+func (c *RPC) ChainTime(ctx context.Context, minSlot uint64) (unix int64, slot uint64, err error) {
+	var out struct {
+		Context rpcContext `json:"context"`
+		Value   *Account   `json:"value"`
+	}
+	cfg := map[string]any{"encoding": "base64", "commitment": "confirmed"}
+	if minSlot > 0 {
+		cfg["minContextSlot"] = minSlot
+	}
+	if err := c.call(ctx, "getAccountInfo", []any{ClockSysvar, cfg}, &out); err != nil {
+		return 0, 0, err
+	}
+	if err := atLeast("getAccountInfo", out.Context.Slot, minSlot); err != nil {
+		return 0, 0, err
+	}
+	if out.Value == nil || len(out.Value.Data) != 2 || out.Value.Data[1] != "base64" {
+		return 0, 0, errors.New("solana rpc getAccountInfo: no Clock sysvar in base64")
+	}
+	raw, err := base64.StdEncoding.Strict().DecodeString(out.Value.Data[0])
+	if err != nil || len(raw) != 40 {
+		return 0, 0, errors.New("solana rpc getAccountInfo: the Clock sysvar is not 40 bytes of base64")
+	}
+	// slot, epoch_start_timestamp, epoch, leader_schedule_epoch, then
+	// unix_timestamp, each 8 bytes little-endian.
+	return int64(binary.LittleEndian.Uint64(raw[32:])), out.Context.Slot, nil
 }
 
 // SignatureInfo is one getSignaturesForAddress entry.
