@@ -45,9 +45,12 @@ import (
 // whole, the reader searches the chain for the payment's own message among
 // the transactions of its source token account, no further back than the
 // settlement attempt (svmfacilitator's status_search.go, bounded; a bound
-// hit leaves the outcome undecided). The embedded Solana facilitator (svm)
-// signs the transaction's id again from its key and answers itself, also
-// after a restart.
+// hit leaves the outcome undecided). Either way the transaction found
+// landed is the attempt's only if it landed after the attempt began
+// (SentSettlement.After; svmfacilitator's attempt.go): one older is a
+// replay's original, settled by another settlement. The embedded Solana
+// facilitator (svm) signs the transaction's id again from its key and
+// answers itself, also after a restart.
 
 // remoteStatus is what HTTPFacilitator reads settlement outcomes with.
 type remoteStatus struct {
@@ -254,7 +257,7 @@ func (m *MultiFacilitator) hasRemote() bool {
 // holds the remote's, marked answered when the reply now lost went out),
 // and the charged buyer would be refused duplicate_settlement.
 type siblingReader interface {
-	siblingSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error)
+	siblingSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error)
 }
 
 // SettlementStatus implements x402.SettlementChecker through the
@@ -281,7 +284,7 @@ func (m *MultiFacilitator) SentSettlementStatus(ctx context.Context, p x402.Paym
 		return x402.SettlementStatus{}, fmt.Errorf("no time left to ask for the settlement's status: %w", err)
 	}
 	if sr, ok := f.(siblingReader); ok && sibling {
-		return sr.siblingSettlementStatus(ctx, p, req)
+		return sr.siblingSettlementStatus(ctx, p, req, sent)
 	}
 	if ssc, ok := f.(x402.SentSettlementChecker); ok {
 		return ssc.SentSettlementStatus(ctx, p, req, sent)
@@ -304,9 +307,10 @@ func (m *SVMFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPay
 // siblingSettlementStatus implements siblingReader: the chain's word on
 // the transaction, whoever's record of it the store holds, unless this
 // facilitator sent it itself
-// (svmfacilitator.Facilitator.PeerSettlementStatus).
-func (m *SVMFacilitator) siblingSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
-	return m.f.PeerSettlementStatus(ctx, p, req)
+// (svmfacilitator.Facilitator.PeerSettlementStatus); landed before the
+// attempt began (sent.After), it is another settlement's.
+func (m *SVMFacilitator) siblingSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
+	return m.f.PeerSettlementStatus(ctx, p, req, sent.After)
 }
 
 // SentSettlementStatus lets the gate resolve unknown settlements of the

@@ -20,7 +20,9 @@
 // after a restart (the transaction's id is its own deterministic
 // signature), and StatusReader does so for a remote facilitator from the
 // chain endpoint alone, finding the payment's transaction by its message
-// when nothing named it (status_search.go).
+// when nothing named it (status_search.go), and taking one that landed as
+// the asking attempt's only if it landed after that attempt began
+// (attempt.go).
 //
 // The transaction decoder is small and on the standard library (plus
 // filippo.io/edwards25519 for curve checks): a payment is one v0 or legacy

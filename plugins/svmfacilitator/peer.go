@@ -23,14 +23,18 @@ import (
 // is judged by the chain alone, by the signature the peer sent it under
 // (the fee payer's over the message, signed again here: ed25519 is
 // deterministic, and a record of the send in Config.Sent, whoever wrote
-// it, names that same one): landed and succeeded is settled, naming the
-// transaction; failed on chain, or expired unknown (peerPoll), never; else
-// undecided. It is never settled by another settlement: the record a
-// shared store holds of the peer's send is the peer's, marked answered
-// when the peer's own reply went out (and was lost), and the gateway that
-// asks holds the claim that makes the payment its caller's. Nothing is
-// marked, dropped or remembered: the record stays the peer's.
-func (f *Facilitator) PeerSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
+// it, names that same one): landed and succeeded is the asking attempt's,
+// which began at began (x402.SentSettlement.After), when it landed after
+// that attempt began (attributed): settled, naming the transaction; one
+// that landed earlier is settled by another settlement (a replay of a
+// payment already settled and answered, held at a gate with claims of its
+// own). Failed on chain, or expired unknown (peerPoll), is never; else
+// undecided. The record a shared store holds of the peer's send is never
+// read as another's: it is the peer's, marked answered when the peer's own
+// reply went out (and was lost), and the gateway that asks holds the claim
+// that makes the payment its caller's. Nothing is marked, dropped or
+// remembered: the record stays the peer's.
+func (f *Facilitator) PeerSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, began time.Time) (x402.SettlementStatus, error) {
 	var out x402.SettlementStatus
 	tx, err := f.askedAbout(p, req)
 	if err != nil {
@@ -57,10 +61,14 @@ func (f *Facilitator) PeerSettlementStatus(ctx context.Context, p x402.PaymentPa
 	if err != nil {
 		return out, err
 	}
-	out.State = o.state
 	if o.state == x402.SettlementDone {
-		out.Transaction, out.Payer = sig, payerOf(tx)
+		if out, err = f.attributed(ctx, sig, nil, began); err != nil {
+			return out, err
+		}
+		out.Payer = payerOf(tx)
+		return out, nil
 	}
+	out.State = o.state
 	return out, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/aovhq/aov/x402"
 )
@@ -25,6 +26,7 @@ func TestPeerReadOfASendRecordedInASharedStore(t *testing.T) {
 	e := newEnv(t, Config{Sent: sentOf(db)})
 	ctx := context.Background()
 	pp := Payload(e.payment(t).Transaction(), e.req)
+	began := time.Now()
 	s, err := e.f.Settle(ctx, pp, e.req)
 	if err != nil || !s.Success {
 		t.Fatalf("settle on A: %+v %v", s, err)
@@ -35,7 +37,7 @@ func TestPeerReadOfASendRecordedInASharedStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 2 {
-		st, err := b.PeerSettlementStatus(ctx, pp, e.req)
+		st, err := b.PeerSettlementStatus(ctx, pp, e.req, began)
 		if err != nil || st.State != x402.SettlementDone || st.Transaction != s.Transaction || st.Reason != "" {
 			t.Fatalf("peer read %d on B: %+v %v; want settled naming %s", i+1, st, err, s.Transaction)
 		}
@@ -101,24 +103,25 @@ func TestPeerReadOnALaggingNodeCannotExpireAFreshBlockhash(t *testing.T) {
 	}
 	ctx := context.Background()
 	pp := Payload(e.payment(t).Transaction(), e.req)
-	if st, err := b.PeerSettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementUndecided {
+	began := time.Now()
+	if st, err := b.PeerSettlementStatus(ctx, pp, e.req, began); err != nil || st.State != x402.SettlementUndecided {
 		t.Fatalf("peer read through the lagging node: %+v %v; want undecided", st, err)
 	}
 
 	// Caught up: the blockhash is valid, the send still on its way.
 	behind.Store(false)
-	if st, err := b.PeerSettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementUndecided {
+	if st, err := b.PeerSettlementStatus(ctx, pp, e.req, began); err != nil || st.State != x402.SettlementUndecided {
 		t.Fatalf("peer read once caught up: %+v %v; want undecided", st, err)
 	}
 	l := e.payment(t)
 	l.Memo = "sent by the peer"
 	landed := l.Build(l.Instructions())
 	sig := e.sendSigned(t, landed)
-	if st, err := b.PeerSettlementStatus(ctx, Payload(landed, e.req), e.req); err != nil || st.State != x402.SettlementDone || st.Transaction != sig {
+	if st, err := b.PeerSettlementStatus(ctx, Payload(landed, e.req), e.req, began); err != nil || st.State != x402.SettlementDone || st.Transaction != sig {
 		t.Errorf("peer read of a send that landed: %+v %v; want settled naming %s", st, err, sig)
 	}
 	e.chain.ExpireBlockhash()
-	if st, err := b.PeerSettlementStatus(ctx, pp, e.req); err != nil || st.State != x402.SettlementNever || st.Reason != "" {
+	if st, err := b.PeerSettlementStatus(ctx, pp, e.req, began); err != nil || st.State != x402.SettlementNever || st.Reason != "" {
 		t.Errorf("peer read after the blockhash it saw valid expired: %+v %v; want never", st, err)
 	}
 }
@@ -139,7 +142,7 @@ func TestStatusReadsRefuseAnotherNetworkAndANonTransaction(t *testing.T) {
 			return e.f.SettlementStatus(ctx, p, r)
 		},
 		"PeerSettlementStatus": func(p x402.PaymentPayload, r x402.PaymentRequirements) (x402.SettlementStatus, error) {
-			return e.f.PeerSettlementStatus(ctx, p, r)
+			return e.f.PeerSettlementStatus(ctx, p, r, time.Now())
 		},
 	} {
 		if st, err := read(pp, other); err == nil || !strings.Contains(err.Error(), "this facilitator settles on "+e.req.Network+", not "+other.Network) {

@@ -30,6 +30,9 @@ type polled struct {
 	// status read (settleUnsent): the transaction can still land, and only
 	// a send gets it there.
 	unseen bool
+	// landed is where a transaction found by a search landed (nil
+	// otherwise, or when not told): its age, for attributed.
+	landed *landing
 }
 
 // poll looks once at signature sig of a transaction built on blockhash,
@@ -437,7 +440,9 @@ func NewStatusReader(rpc *RPC, network string) (*StatusReader, error) {
 // message (so it names this transaction and no other), else, as when none
 // was named, by searching the chain for the payment no further back than
 // sent.After (search: a facilitator's word alone could name any
-// transaction that landed, and is not needed).
+// transaction that landed, and is not needed). A transaction that landed
+// is the attempt's only when it landed after the attempt began, sent.After
+// (attributed): one older is settled by another settlement.
 func (r *StatusReader) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
 	var out x402.SettlementStatus
 	if req.Network != r.f.network {
@@ -463,10 +468,10 @@ func (r *StatusReader) SentSettlementStatus(ctx context.Context, p x402.PaymentP
 	if err != nil {
 		return out, err
 	}
-	out.State = o.state
 	if o.state == x402.SettlementDone {
-		out.Transaction = sig
+		return r.f.attributed(ctx, sig, o.landed, sent.After)
 	}
+	out.State = o.state
 	return out, nil
 }
 

@@ -20,6 +20,7 @@ func BenchmarkSVMSettlementOutcome(b *testing.B) {
 	e := newEnv(b, Config{})
 	ctx := context.Background()
 	pp := Payload(e.payment(b).Build(e.payment(b).Instructions()), e.req)
+	began := time.Now()
 	s, err := e.f.Settle(ctx, pp, e.req)
 	if err != nil || !s.Success {
 		b.Fatalf("settle: %+v %v", s, err)
@@ -36,11 +37,11 @@ func BenchmarkSVMSettlementOutcome(b *testing.B) {
 			}
 		}
 	}
-	b.Run("named", func(b *testing.B) { run(b, x402.SentSettlement{Transaction: s.Transaction}) })
+	b.Run("named", func(b *testing.B) { run(b, x402.SentSettlement{Transaction: s.Transaction, After: began}) })
 	noise := 0
 	for _, n := range []int{0, 8, 32} {
 		e.settleNoise(b, n-noise)
 		noise = n
-		b.Run(fmt.Sprintf("searched past %d", n), func(b *testing.B) { run(b, x402.SentSettlement{After: time.Now().Add(-time.Minute)}) })
+		b.Run(fmt.Sprintf("searched past %d", n), func(b *testing.B) { run(b, x402.SentSettlement{After: began}) })
 	}
 }

@@ -47,8 +47,9 @@ const blockTimeSkew = 5 * time.Minute
 // findResult is what one search tells.
 type findResult struct {
 	// sig is the payment's transaction, "" when not found; failed is its
-	// on-chain error when it landed and failed.
+	// on-chain error when it landed and failed; landed, where it landed.
 	sig, failed string
+	landed      *landing
 	// complete: not found, and every transaction that could be it was
 	// looked at.
 	complete bool
@@ -160,7 +161,11 @@ func (f *Facilitator) find(ctx context.Context, tx *Transaction, after time.Time
 				return findResult{}, nil
 			}
 			if failed, ok := matchLanded(tx, e.Signature, lt); ok {
-				return findResult{sig: e.Signature, failed: failed}, nil
+				at := lt.BlockTime
+				if at == nil {
+					at = e.BlockTime
+				}
+				return findResult{sig: e.Signature, failed: failed, landed: &landing{slot: max(lt.Slot, e.Slot), blockTime: at}}, nil
 			}
 		}
 		if len(page) < searchPage {
@@ -184,7 +189,7 @@ func (f *Facilitator) search(ctx context.Context, tx *Transaction, after time.Ti
 		case r.sig != "" && r.failed != "":
 			return polled{state: x402.SettlementNever, failed: r.failed}, r.sig, nil
 		case r.sig != "":
-			return polled{state: x402.SettlementDone}, r.sig, nil
+			return polled{state: x402.SettlementDone, landed: r.landed}, r.sig, nil
 		case !r.complete:
 			return polled{}, "", nil
 		case again:

@@ -64,12 +64,13 @@ func TestSearchFindsTheLandedPayment(t *testing.T) {
 	e := newEnv(t, Config{})
 	ctx := context.Background()
 	pp := Payload(e.payment(t).Build(e.payment(t).Instructions()), e.req)
+	attempt := x402.SentSettlement{After: time.Now()} // the attempt began before the send
 	s, err := e.f.Settle(ctx, pp, e.req)
 	if err != nil || !s.Success {
 		t.Fatalf("settle: %+v %v", s, err)
 	}
 	e.settleNoise(t, 2)
-	st, err := e.reader(t).SentSettlementStatus(ctx, pp, e.req, x402.SentSettlement{After: time.Now().Add(-time.Minute)})
+	st, err := e.reader(t).SentSettlementStatus(ctx, pp, e.req, attempt)
 	if err != nil || st.State != x402.SettlementDone || st.Transaction != s.Transaction {
 		t.Fatalf("%+v %v, want done with %s", st, err, s.Transaction)
 	}
@@ -84,7 +85,7 @@ func TestSearchFindsTheLandedPayment(t *testing.T) {
 		t.Fatalf("a payment never sent, its blockhash expired: %+v %v", st, err)
 	}
 	// The landed one is still done once its blockhash expired.
-	if st, err := e.reader(t).SentSettlementStatus(ctx, pp, e.req, x402.SentSettlement{}); err != nil || st.State != x402.SettlementDone || st.Transaction != s.Transaction {
+	if st, err := e.reader(t).SentSettlementStatus(ctx, pp, e.req, attempt); err != nil || st.State != x402.SettlementDone || st.Transaction != s.Transaction {
 		t.Fatalf("after expiry: %+v %v", st, err)
 	}
 	// A payment whose fee payer is not the offer's is not judged: its payer
@@ -168,6 +169,7 @@ func TestSearchBoundHitStaysUndecided(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, Config{})
 			pp := Payload(e.payment(t).Build(e.payment(t).Instructions()), e.req)
+			attempt := x402.SentSettlement{After: time.Now()}
 			s, err := e.f.Settle(ctx, pp, e.req)
 			if err != nil || !s.Success {
 				t.Fatalf("settle: %+v %v", s, err)
@@ -178,12 +180,12 @@ func TestSearchBoundHitStaysUndecided(t *testing.T) {
 			e.chain.ExpireBlockhash()
 			setBounds(t, tc.page, tc.fetched)
 			for name, p := range map[string]x402.PaymentPayload{"landed": pp, "never sent": missing} {
-				if st, err := e.reader(t).SentSettlementStatus(ctx, p, e.req, x402.SentSettlement{}); err != nil || st.State != x402.SettlementUndecided {
+				if st, err := e.reader(t).SentSettlementStatus(ctx, p, e.req, attempt); err != nil || st.State != x402.SettlementUndecided {
 					t.Fatalf("%s, out of the bound: %+v %v", name, st, err)
 				}
 			}
 			setBounds(t, 100, 64)
-			if st, err := e.reader(t).SentSettlementStatus(ctx, pp, e.req, x402.SentSettlement{}); err != nil || st.State != x402.SettlementDone {
+			if st, err := e.reader(t).SentSettlementStatus(ctx, pp, e.req, attempt); err != nil || st.State != x402.SettlementDone {
 				t.Fatalf("within the bound: %+v %v", st, err)
 			}
 		})

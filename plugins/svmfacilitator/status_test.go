@@ -113,6 +113,7 @@ func TestStatusReaderJudgesByTheNamedSignature(t *testing.T) {
 		e := newEnv(t, Config{RPC: &RPC{URL: srv}, ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
 		fr.set(func(f *faultyRPC) { f.target, f.dropSend, f.forwardOK, f.hideStatus = e.chain.URL, true, true, true })
 		pp := Payload(e.payment(t).Build(e.payment(t).Instructions()), e.req)
+		began := time.Now()
 		_, err := e.f.Settle(ctx, pp, e.req)
 		var unknown *x402.UnknownOutcomeError
 		if !errors.As(err, &unknown) || unknown.Reply == nil || unknown.Reply.Transaction == "" {
@@ -122,7 +123,7 @@ func TestStatusReaderJudgesByTheNamedSignature(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		st, err := r.SentSettlementStatus(ctx, pp, e.req, x402.SentSettlement{Transaction: unknown.Reply.Transaction})
+		st, err := r.SentSettlementStatus(ctx, pp, e.req, x402.SentSettlement{Transaction: unknown.Reply.Transaction, After: began})
 		if err != nil || st.State != x402.SettlementDone || st.Transaction != unknown.Reply.Transaction {
 			t.Fatalf("%+v %v", st, err)
 		}
@@ -135,7 +136,7 @@ func TestStatusReaderJudgesByTheNamedSignature(t *testing.T) {
 		// not taken; the payment is searched for instead, and found under
 		// its own id.
 		for _, wrong := range []string{payerSig, "not base58!"} {
-			if st, err := r.SentSettlementStatus(ctx, pp, e.req, x402.SentSettlement{Transaction: wrong}); err != nil || st.State != x402.SettlementDone || st.Transaction != unknown.Reply.Transaction {
+			if st, err := r.SentSettlementStatus(ctx, pp, e.req, x402.SentSettlement{Transaction: wrong, After: began}); err != nil || st.State != x402.SettlementDone || st.Transaction != unknown.Reply.Transaction {
 				t.Fatalf("named %q: %+v %v", wrong, st, err)
 			}
 		}
