@@ -303,6 +303,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		return err
 	}
 	ctx := r.Context()
+	claimed := now()
 	claim, note, err := g.claimPaid(r, keys, until, pay, offerJS, pid)
 	if err != nil {
 		var ce *store.ClaimedError
@@ -321,7 +322,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	// was charged, the client may retry with the same payment), or keeps it
 	// pending until it lapses (the outcome is unknown: never invite a second
 	// payment).
-	pc := &paidCharge{g: g, ex: ex, next: next, pay: pay, offer: offer, offerJS: offerJS, claim: claim, note: note, pid: pid}
+	pc := &paidCharge{g: g, ex: ex, next: next, pay: pay, offer: offer, offerJS: offerJS, claim: claim, claimed: claimed, note: note, pid: pid}
 
 	verifyTimeout, _ := g.callTimeouts()
 	vctx, cancel := context.WithTimeout(ctx, verifyTimeout)
@@ -521,6 +522,26 @@ func (g *Gate) sentAfter() time.Time {
 	return now().Add(-settle)
 }
 
+// sentAfter is a time before which p's settlement was not asked for: the
+// later of when its claim was asked for and the gate's bound
+// (Gate.sentAfter), both true, and the later the closer to when its
+// attempt began. A read by the chain alone takes a transaction that
+// landed earlier than that, by more than a few seconds, for another
+// settlement's (svmfacilitator.AttemptMargin): a replay of a payment
+// settled before is refused duplicate_settlement, so the closer the bound,
+// the shorter the time in which a replay would pass as this attempt.
+func (p *paidCharge) sentAfter() time.Time {
+	return later(p.claimed, p.g.sentAfter())
+}
+
+// later is the later of two times.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
 // settle settles the claimed payment: the one settlement step of the gate.
 // On success it marks the claim settled and keeps the response for
 // PAYMENT-RESPONSE; otherwise it has already answered the client. An
@@ -558,7 +579,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 			if failedUnnamed(unknown) {
 				g.noteRefusal(r) // a payer can cause it: see failedUnnamed
 			}
-			g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, p.pid, held, unknown)
+			g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, p.pid, p.sentAfter(), held, unknown)
 			p.ex.refuse(w, r, errSettlementPending(err))
 			return settleUnknown
 		}
@@ -608,7 +629,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 			zap.String("transaction", sr.Transaction), zap.Error(err))
 		metrics.outcomes.WithLabelValues("settled_unrecorded").Inc()
 		if p.unrecorded = p.keepUnrecorded(r, sr, held); p.unrecorded == nil {
-			g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, p.pid, held, &x402.UnknownOutcomeError{Op: "settle", Reply: &sr, Err: err})
+			g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, p.pid, p.sentAfter(), held, &x402.UnknownOutcomeError{Op: "settle", Reply: &sr, Err: err})
 		}
 		p.ex.refuse(w, r, errSettledUnrecorded(err))
 		return settleUnknown // settled: reportOutcome reports p.unrecorded as it was kept

@@ -1038,16 +1038,17 @@ func markDelivered(ctx context.Context, hc store.HeldClaims, c store.Claim, h *h
 }
 
 // holdUnknown keeps the record of a settlement whose outcome is unknown
-// with its claim. bw is the held answer (nil in settle before mode).
-// Without a store that can hold, the claim simply stays pending until it
-// lapses, as before.
-func (g *Gate) holdUnknown(r *http.Request, c store.Claim, payment []byte, offer json.RawMessage, pid *paymentIDCall, bw *bufferedWriter, unknown *x402.UnknownOutcomeError) {
+// with its claim. sentAfter is a time before which it was not asked for
+// (paidCharge.sentAfter); bw is the held answer (nil in settle before
+// mode). Without a store that can hold, the claim simply stays pending
+// until it lapses, as before.
+func (g *Gate) holdUnknown(r *http.Request, c store.Claim, payment []byte, offer json.RawMessage, pid *paymentIDCall, sentAfter time.Time, bw *bufferedWriter, unknown *x402.UnknownOutcomeError) {
 	ctx := r.Context()
 	hc, ok := g.state.Claims().(store.HeldClaims)
 	if !ok {
 		return
 	}
-	h := g.newHeldRecord(r, c, payment, offer, g.sentAfter(), pid)
+	h := g.newHeldRecord(r, c, payment, offer, sentAfter, pid)
 	if unknown != nil && unknown.Reply != nil {
 		h.Sent = unknown.Reply.Transaction
 	}
