@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/aovhq/aov/internal/base58"
+	"github.com/aovhq/aov/store"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -32,8 +34,9 @@ import (
 // undecided. The record a shared store holds of the peer's send is never
 // read as another's: it is the peer's, marked answered when the peer's own
 // reply went out (and was lost), and the gateway that asks holds the claim
-// that makes the payment its caller's. Nothing is marked, dropped or
-// remembered: the record stays the peer's.
+// that makes the payment its caller's. Nothing is dropped or remembered; a
+// record still unanswered is marked answered as the read answers settled
+// (markAnswered).
 func (f *Facilitator) PeerSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, began time.Time) (x402.SettlementStatus, error) {
 	var out x402.SettlementStatus
 	tx, err := f.askedAbout(p, req)
@@ -65,11 +68,45 @@ func (f *Facilitator) PeerSettlementStatus(ctx context.Context, p x402.PaymentPa
 		if out, err = f.attributed(ctx, sig, nil, began); err != nil {
 			return out, err
 		}
+		if out.State == x402.SettlementDone {
+			if err := f.markAnswered(ctx, key, sig); err != nil {
+				return x402.SettlementStatus{}, err
+			}
+		}
 		out.Payer = payerOf(tx)
 		return out, nil
 	}
 	out.State = o.state
 	return out, nil
+}
+
+// markAnswered marks key's record in Config.Sent answered, naming sig,
+// when it is still unanswered, for a peer read about to answer settled:
+// the gate serves the payment on that answer, and a record left
+// unanswered would be adopted by a later Settle of the same payment (a
+// replay, here or on any instance sharing the store) and answered success
+// a second time. It is this facilitator's own send made before a restart
+// (in a multi with a remote member every send not remembered is read as a
+// peer's) or a peer's whose reply has not gone out. No record, one already
+// answered (the peer's reply went out, and was lost), or one another
+// marked meanwhile (store.ErrNoteChanged) leaves the answer settled, as a
+// peer read answers them; any other error, the outcome undecided, and the
+// next read marks it.
+func (f *Facilitator) markAnswered(ctx context.Context, key [32]byte, sig string) error {
+	f.enter() // Close waits for the mark
+	defer f.leave()
+	rec, err := f.recorded(ctx, key)
+	if err != nil {
+		return fmt.Errorf("reading the record of sent transaction %s: %w", sig, err)
+	}
+	s := &settlement{}
+	if rec == nil || !f.adopt(key, s, rec) {
+		return nil
+	}
+	if err := f.answerSent(ctx, s, sig); err != nil && !errors.Is(err, store.ErrNoteChanged) {
+		return fmt.Errorf("marking the record of sent transaction %s answered: %w", sig, err)
+	}
+	return nil
 }
 
 // peerPoll is poll for a peer's send, which this process neither simulated
