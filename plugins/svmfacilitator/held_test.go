@@ -284,6 +284,7 @@ func TestHeldPaymentWhoseBlockhashExpiredIsNeverSent(t *testing.T) {
 // remote member reads every payment as a peer's): once, and it lands once.
 func TestPeerReadOfAHeldPaymentSendsNothing(t *testing.T) {
 	e, n, pp := heldEnv(t)
+	began := time.Now() // the gate's attempt
 	sig := heldPending(t, e, n, pp, false)
 	other, err := New(e.f.cfg) // its fee payer, through the same node
 	if err != nil {
@@ -291,7 +292,7 @@ func TestPeerReadOfAHeldPaymentSendsNothing(t *testing.T) {
 	}
 	defer other.Close()
 	for range 2 {
-		st, err := other.PeerSettlementStatus(context.Background(), pp, e.req)
+		st, err := other.PeerSettlementStatus(context.Background(), pp, e.req, began)
 		if err != nil || st.State != x402.SettlementUndecided {
 			t.Fatalf("peer read: %+v %v; want undecided", st, err)
 		}
@@ -302,7 +303,7 @@ func TestPeerReadOfAHeldPaymentSendsNothing(t *testing.T) {
 	if a, b := e.balances(t); a != 1_000_000 || b != 0 {
 		t.Fatalf("balances payer %d payee %d; want nothing moved", a, b)
 	}
-	st, err := e.f.PeerSettlementStatus(context.Background(), pp, e.req)
+	st, err := e.f.PeerSettlementStatus(context.Background(), pp, e.req, began)
 	if err != nil || st.State != x402.SettlementDone || st.Transaction != sig {
 		t.Fatalf("read through the facilitator asked: %+v %v; want settled naming %s", st, err, sig)
 	}
