@@ -447,6 +447,13 @@ func othersOf(app *caddyhttp.App, own *caddyhttp.Server) string {
 		Listen         []string
 		Routes, Errors []string
 		Named          map[string]string `json:",omitempty"` // encoded in key order
+		// How the server reads its requests' client address, which its
+		// client_ip matchers route by: a gate's proxy to it comes from
+		// this Caddy, and a header it sets may be read as the client.
+		// (Its trusted_proxies ranges are not in the loaded server.)
+		ClientIPHeaders []string `json:",omitempty"`
+		Strict          int      `json:",omitempty"`
+		Unix            bool     `json:",omitempty"`
 	}
 	serversWritten.Add(1)
 	var servers []server
@@ -457,7 +464,8 @@ func othersOf(app *caddyhttp.App, own *caddyhttp.Server) string {
 		}
 		// Sorted: the addresses of the server automatic HTTPS makes for
 		// its redirects are listed in Go map order.
-		s := server{Name: name, Listen: slices.Sorted(slices.Values(srv.Listen)), Routes: routesText(srv.Routes)}
+		s := server{Name: name, Listen: slices.Sorted(slices.Values(srv.Listen)), Routes: routesText(srv.Routes),
+			ClientIPHeaders: srv.ClientIPHeaders, Strict: srv.TrustedProxiesStrict, Unix: srv.TrustedProxiesUnix}
 		if srv.Errors != nil {
 			s.Errors = routesText(srv.Errors.Routes)
 		}
@@ -2931,12 +2939,15 @@ func noteRouteVars(r *http.Request) (restore func()) {
 // id (uuid, set once a placeholder reads it) and tracing's trace_id and
 // span_id are the request's own, so a route cannot choose by them and no
 // other request could ever be made as one that has them. client_ip is
-// kept apart (requestRoute.ClientIP).
+// kept apart (requestRoute.ClientIP); trusted_proxy says whether the
+// request's peer is one of the server's trusted_proxies, a server-wide
+// setting a restart may add (the client address it led to is the one
+// kept), and a report made after it would otherwise never match.
 func routeVars(vars map[string]any) map[string]any {
 	rest := map[string]any{}
 	for k, v := range vars {
 		switch {
-		case k == caddyhttp.ClientIPVarKey, k == startTimeVar, perRequestVars[k],
+		case k == caddyhttp.ClientIPVarKey, k == caddyhttp.TrustedProxyVarKey, k == startTimeVar, perRequestVars[k],
 			strings.HasPrefix(k, "aov."), strings.HasPrefix(k, "reverse_proxy."):
 		default:
 			rest[k] = v
