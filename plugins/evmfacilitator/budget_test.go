@@ -154,7 +154,8 @@ func TestBudgetCapsSettlementsInFlight(t *testing.T) {
 
 // A settlement that reverts because someone relayed the same
 // authorization first (a third party watching the mempool, paying its own
-// gas) still PAID payTo: it is the payer's success, not its failure. If it
+// gas) still PAID payTo: answered as another settlement's, it is no
+// failure of the payer's. If it
 // counted, whoever can see a payer's settlements could lock that payer out
 // with MaxFailedPerPayer such relays.
 func TestOutrunSettlementThatPaidIsNoPayerFailure(t *testing.T) {
@@ -177,8 +178,8 @@ func TestOutrunSettlementThatPaidIsNoPayerFailure(t *testing.T) {
 	}
 	cur = mustSignExact(t, payer, req)
 	r, err := f.Settle(ctx, cur, req)
-	if err != nil || !r.Success || theirs == nil || r.Transaction != theirs.TxHash.Hex() {
-		t.Fatalf("outrun settle = %+v, %v; want success naming the relay", r, err)
+	if err != nil || r.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || theirs == nil || r.Transaction != theirs.TxHash.Hex() {
+		t.Fatalf("outrun settle = %+v, %v; want nonce_already_used naming the relay", r, err)
 	}
 	frontRun = false
 	next := mustSignExact(t, payer, req)

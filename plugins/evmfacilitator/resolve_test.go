@@ -193,11 +193,13 @@ func relayAuthorization(t testing.TB, d *Devnet, key *ecdsa.PrivateKey, p x402.P
 }
 
 // When another account relays the same authorization first, the
-// facilitator's own transaction reverts ("authorization is used"), yet the
-// payer paid payTo: the settlement is a success naming the transaction that
-// paid, not a failure that would let the gateway answer 402 after the
-// buyer was charged.
-func TestSettlementOutrunByAnotherRelayIsASuccess(t *testing.T) {
+// facilitator's own transaction reverts ("authorization is used"): the
+// payer paid payTo, but by a settlement that is not this one, which the
+// chain cannot tell from another facilitator's settle for another
+// resource server (whose server serves it). So the answer is
+// nonce_already_used naming the transaction that paid, never a second
+// success for one transfer. (Before: success naming the relay.)
+func TestSettlementOutrunByAnotherRelayIsAnotherSettlement(t *testing.T) {
 	e := newEnv(t)
 	req := e.requirements(payee, amount)
 	p := mustSignExact(t, payer, req)
@@ -212,8 +214,8 @@ func TestSettlementOutrunByAnotherRelayIsASuccess(t *testing.T) {
 	if theirs == nil {
 		t.Fatal("the other relay did not run")
 	}
-	if err != nil || !r.Success || r.Transaction != theirs.TxHash.Hex() {
-		t.Fatalf("settle = %+v, %v; want success naming the relay that paid, %s", r, err, theirs.TxHash.Hex())
+	if err != nil || r.Success || r.ErrorReason != x402.ReasonExactEVMNonceAlreadyUsed || r.Transaction != theirs.TxHash.Hex() {
+		t.Fatalf("settle = %+v, %v; want %s naming the relay that paid, %s", r, err, x402.ReasonExactEVMNonceAlreadyUsed, theirs.TxHash.Hex())
 	}
 }
 

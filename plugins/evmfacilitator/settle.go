@@ -64,21 +64,23 @@ import (
 //     is answered success and every other nonce_already_used naming its
 //     transaction (oneSuccess).
 //   - A settlement whose transaction lost the authorization to another
-//     one is judged by that one's sender (resolveUsed): another account's
-//     (a relay of the public authorization) that paid payTo is a success
-//     naming it; our relayer's own (another instance or process with the
-//     same key settled the same payment) is a duplicate, answered as a
-//     joined settle is.
+//     one that paid payTo is a duplicate, answered as a joined settle is
+//     (resolveUsed), whoever sent it: our relayer (another instance or
+//     process with the same key settled the same payment), another
+//     facilitator settling the same authorization for another resource
+//     server, or anyone relaying it; a success is answered only for a
+//     transaction this settlement sent.
 //   - A refusal (success false) is returned only when nothing was sent or
 //     the sent transaction certainly did not transfer.
 //   - When the outcome is unknown (the receipt did not arrive in time, the
 //     connection broke after sending), the chain decides. A used nonce is
 //     not proof (the payer can cancel it, or spend it on another
 //     authorization): settled (success, naming the transaction) only when
-//     the transaction that used it, ours or another, carries the
-//     authorization's Transfer to payTo and its call executed this very
-//     authorization (another of the nonce, in an overlapping window, logs
-//     the same Transfer: nonceUse.judge); not settled when the nonce was
+//     the transaction that used it carries the authorization's Transfer
+//     to payTo, its call executed this very authorization (another of the
+//     nonce, in an overlapping window, logs the same Transfer:
+//     nonceUse.judge) and it is ours (another's is nonce_already_used
+//     naming it, as above); not settled when the nonce was
 //     spent without it, or is unused while our transaction can no longer
 //     execute (its receipt shows it reverted, or it is not found while the
 //     authorization has expired or the relayer's nonce has moved past it);
@@ -848,18 +850,21 @@ func (f *Facilitator) rebroadcast(ctx context.Context, s *sentSettlement, tx *ty
 
 // resolveUsed is resolve's answer for an authorization whose nonce is used,
 // by a transaction of our settlement s or another: usedStatus's judgement,
-// with excused
-// true when the transaction that used it paid payTo, whoever sent it
-// (reverted: a revert behind the payment made is not the payer's doing).
-// One that is none of s's (a replacement at a higher fee is s's own, the
-// settlement's success) is judged by its sender too: another account's is a relay of the payer's
-// authorization (public once sent: the payer's own client, anyone watching
-// the mempool), which settled this payment for us, a success naming it;
-// our relayer's is another settle of this payment (a retry after an
-// unknown outcome, another facilitator or process with the same key),
-// which answers that success itself, so this one is its duplicate
-// (settledBy). A sender that cannot be read leaves the outcome unknown,
-// not a guess either way.
+// with excused true when the transaction that used it paid payTo, whoever
+// sent it (reverted: a revert behind the payment made is not the payer's
+// doing). Only one of s's transactions (a replacement at a higher fee is
+// s's own) is this settlement's success. Any other that paid is another
+// settlement, answered as a joined settle is (settledBy): our relayer's
+// (a retry after an unknown outcome, another facilitator or process with
+// the same key) answers that success itself; another account's is
+// another facilitator's settle of the same authorization (a resource
+// server of the same payTo that was handed it too, whose facilitator
+// answers it success and serves it) or a relay of the public
+// authorization (the payer's own client, anyone watching the mempool).
+// The authorization is a bearer instrument and the chain cannot tell
+// those apart, so answering success here would let one transfer buy an
+// answer from two resource servers; the payer who relays its own
+// authorization first is answered as one who handed it elsewhere.
 func (f *Facilitator) resolveUsed(ctx context.Context, c *checked, s *sentSettlement, cause error) (resp x402.SettleResponse, excused bool, err error) {
 	unknown := func(err error) (x402.SettleResponse, bool, error) {
 		return x402.SettleResponse{}, false, &x402.UnknownOutcomeError{Op: "settle", Err: fmt.Errorf("%v; then: %w", cause, err)}
@@ -871,33 +876,10 @@ func (f *Facilitator) resolveUsed(ctx context.Context, c *checked, s *sentSettle
 	case st.State != x402.SettlementDone:
 		return f.failure(st.Reason, c.payer, "the authorization's nonce was used without paying (cancelled, or spent by another authorization); nothing was transferred to payTo", ""), false, nil
 	}
-	by := common.HexToHash(st.Transaction)
-	if s.has(by) {
+	if s.has(common.HexToHash(st.Transaction)) {
 		return f.success(c, st.Transaction), false, nil
 	}
-	ours, err := f.sentByRelayer(ctx, by)
-	switch {
-	case err != nil:
-		resp, _, err := unknown(fmt.Errorf("the authorization was paid by %s, but whether our relayer sent it is unknown: %w", st.Transaction, err))
-		return resp, true, err
-	case ours:
-		return f.settledBy(c.payer, st.Transaction), true, nil
-	}
-	return f.success(c, st.Transaction), true, nil
-}
-
-// sentByRelayer reports whether transaction h was sent from the relayer's
-// address, recovering its sender from its signature.
-func (f *Facilitator) sentByRelayer(ctx context.Context, h common.Hash) (bool, error) {
-	tx, _, err := f.chain.TransactionByHash(ctx, h)
-	if err != nil {
-		return false, fmt.Errorf("reading the transaction: %w", err)
-	}
-	from, err := types.Sender(f.signer, tx)
-	if err != nil {
-		return false, fmt.Errorf("recovering its sender: %w", err)
-	}
-	return from == f.relayer, nil
+	return f.settledBy(c.payer, st.Transaction), true, nil
 }
 
 // judgeOwn judges our own mined transaction tx, one of settlement s's, by
@@ -927,8 +909,8 @@ func (f *Facilitator) judgeOwn(ctx context.Context, c *checked, s *sentSettlemen
 // transaction (anyone may submit it: the payer's own client, another
 // facilitator), which is what made ours revert; so the nonce is read at
 // tx's block: used, the transaction that used it decides (resolveUsed:
-// when it paid payTo, success naming it, or, sent by our own relayer,
-// nonce_already_used naming it); unused, it is a failure with the token's
+// when it paid payTo, nonce_already_used naming it, the answer to a
+// settle whose payment another settlement made); unused, it is a failure with the token's
 // revert string, replayed on the state before tx's block. The relayer paid
 // the gas either way, and the payer's failure budget counts it unless the
 // authorization paid payTo by another transaction first (resolveUsed's
