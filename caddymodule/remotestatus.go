@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/ethereum/go-ethereum/common"
 	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/internal/secretopt"
@@ -36,6 +39,18 @@ import (
 // reached by the head block's time: it never can; otherwise undecided.
 // Each check is bounded by the facilitator's timeout. Nothing is ever sent.
 //
+// An EIP-3009 authorization is a bearer instrument: the buyer can hand the
+// same one to another resource server of the same payTo (an official x402
+// middleware with its own facilitator), whose facilitator settles it and
+// whose server serves it. So a transfer found on chain is this
+// settlement's only when the remote sent it: the transaction it named, or
+// one sent from an address its GET /supported lists as a signer for
+// "eip155:*" or the network (remoteSigners). Sent by anyone else, it is
+// settled by another settlement, and the gate releases the payment and
+// serves nothing. A remote that publishes no signers for the network (or
+// whose /supported was never answered) leaves every sender's transfer
+// counted as its own, as before signers were read.
+//
 // On Solana the transaction is named by its first signature, the
 // facilitator's own fee-payer signature, which only the facilitator makes.
 // When the facilitator named it in its settlement_pending answer (ours
@@ -58,6 +73,64 @@ type remoteStatus struct {
 	solana  map[string]*svmfacilitator.StatusReader // Solana networks
 	clients []*settlementChain
 	timeout time.Duration
+	signers *remoteSigners
+}
+
+// remoteSigners remembers a remote facilitator's GET /supported answer,
+// whose signers are the addresses its settlements are sent from: asked
+// again multiSupportedTTL after an answer, multiRetryMax after a failure,
+// the last answer kept meanwhile (a remote down does not make its own
+// transfers another's).
+type remoteSigners struct {
+	mu    sync.Mutex
+	s     x402.SupportedResponse
+	known bool
+	next  time.Time // when to ask again
+}
+
+// evmSigners returns the addresses m's remote settles network's payments
+// from (evmSignersOf its remembered /supported, asked within ask's bound
+// when due), nil when it is not known.
+func (m *HTTPFacilitator) evmSigners(ctx context.Context, network string) []common.Address {
+	r := m.status.signers
+	r.mu.Lock()
+	s, known, due := r.s, r.known, !now().Before(r.next)
+	r.mu.Unlock()
+	if due {
+		askCtx, cancel, _ := ask(ctx)
+		got, err := m.f.Supported(askCtx)
+		cancel()
+		r.mu.Lock()
+		if err == nil {
+			r.s, r.known, r.next = got, true, now().Add(multiSupportedTTL)
+			s, known = got, true
+		} else {
+			r.next = now().Add(multiRetryMax)
+		}
+		r.mu.Unlock()
+		if err != nil {
+			m.logger.Warn("reading the facilitator's signers (GET /supported) to judge a settlement's transaction", zap.Error(err))
+		}
+	}
+	if !known {
+		return nil
+	}
+	return evmSignersOf(s, network)
+}
+
+// evmSignersOf is the one reading of the EVM signers of a /supported
+// answer for network: the addresses listed under "eip155:*" and under the
+// network itself; nil when it lists none.
+func evmSignersOf(s x402.SupportedResponse, network string) []common.Address {
+	var out []common.Address
+	for _, key := range []string{"eip155:*", network} {
+		for _, a := range s.Signers[key] {
+			if common.IsHexAddress(a) && !slices.Contains(out, common.HexToAddress(a)) {
+				out = append(out, common.HexToAddress(a))
+			}
+		}
+	}
+	return out
 }
 
 // provisionStatus dials the rpc endpoints (an http(s) dial makes no
@@ -65,7 +138,7 @@ type remoteStatus struct {
 // one connects within the facilitator's timeout).
 func (m *HTTPFacilitator) provisionStatus(repl *caddy.Replacer, log *zap.Logger) error {
 	m.status = remoteStatus{readers: map[string]*evmfacilitator.StatusReader{}, solana: map[string]*svmfacilitator.StatusReader{},
-		timeout: time.Duration(m.Timeout)}
+		timeout: time.Duration(m.Timeout), signers: &remoteSigners{}}
 	if m.status.timeout <= 0 {
 		m.status.timeout = x402.DefaultFacilitatorTimeout
 	}
@@ -130,12 +203,21 @@ func (m *HTTPFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPa
 
 // SentSettlementStatus implements x402.SentSettlementChecker: by the
 // transaction the facilitator named or, when it named none, by the
-// payment's transaction found on chain, no further back than the attempt.
+// payment's transaction found on chain, no further back than the attempt;
+// on an EVM chain, a transfer counts as this settlement's when the remote
+// named it or one of its signers sent it (evmSigners).
 func (m *HTTPFacilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
+	return m.sentSettlementStatusBy(ctx, p, req, sent, m.evmSigners)
+}
+
+// sentSettlementStatusBy implements signedStatusReader: SentSettlementStatus
+// with an EVM transfer counted as this settlement's when signers (asked
+// only for an EVM network with an rpc endpoint) list its sender.
+func (m *HTTPFacilitator) sentSettlementStatusBy(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement, signers func(context.Context, string) []common.Address) (x402.SettlementStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, m.status.timeout)
 	defer cancel()
 	if r := m.status.readers[req.Network]; r != nil {
-		return r.SentSettlementStatus(ctx, p, req, sent)
+		return r.SentSettlementStatusBy(ctx, p, req, sent, signers(ctx, req.Network))
 	}
 	if r := m.status.solana[req.Network]; r != nil {
 		return r.SentSettlementStatus(ctx, p, req, sent)
@@ -260,6 +342,44 @@ type siblingReader interface {
 	siblingSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error)
 }
 
+// signedStatusReader is a member that reads an EIP-3009 payment's status
+// counting a transfer as the settlement's only when the transaction was
+// sent from one of the signers signers(ctx, network) returns (nil: any):
+// the embedded evm facilitator, whose own are its relayer alone, and a
+// remote one, whose own are its /supported signers. Reading a payment
+// another member may have sent (mayBeSiblings), it is asked with every
+// member's signers (MultiFacilitator.evmSigners), so that a sibling's send
+// is not taken for another settlement's and its charged buyer refused.
+type signedStatusReader interface {
+	sentSettlementStatusBy(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement, signers func(context.Context, string) []common.Address) (x402.SettlementStatus, error)
+}
+
+// evmSigners returns the signers of every member that settles network,
+// by their remembered /supported (kinds): nil (any sender counts) when a
+// member's cannot be read or lists none for it.
+func (m *MultiFacilitator) evmSigners(ctx context.Context, network string) []common.Address {
+	var out []common.Address
+	for i := range m.fs {
+		s, err := m.kinds(ctx, i)
+		if err != nil {
+			return nil
+		}
+		if !slices.ContainsFunc(s.Kinds, func(k x402.SupportedKind) bool { return k.Network == network }) {
+			continue
+		}
+		a := evmSignersOf(s, network)
+		if a == nil {
+			return nil
+		}
+		for _, x := range a {
+			if !slices.Contains(out, x) {
+				out = append(out, x)
+			}
+		}
+	}
+	return out
+}
+
 // SettlementStatus implements x402.SettlementChecker through the
 // facilitator that settles req's network, when it can tell.
 func (m *MultiFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
@@ -285,6 +405,9 @@ func (m *MultiFacilitator) SentSettlementStatus(ctx context.Context, p x402.Paym
 	}
 	if sr, ok := f.(siblingReader); ok && sibling {
 		return sr.siblingSettlementStatus(ctx, p, req, sent)
+	}
+	if sr, ok := f.(signedStatusReader); ok && sibling {
+		return sr.sentSettlementStatusBy(ctx, p, req, sent, m.evmSigners)
 	}
 	if ssc, ok := f.(x402.SentSettlementChecker); ok {
 		return ssc.SentSettlementStatus(ctx, p, req, sent)
@@ -320,10 +443,17 @@ func (m *EVMFacilitator) SentSettlementStatus(ctx context.Context, p x402.Paymen
 	return m.f.SentSettlementStatus(ctx, p, req, sent)
 }
 
+// sentSettlementStatusBy implements signedStatusReader.
+func (m *EVMFacilitator) sentSettlementStatusBy(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement, signers func(context.Context, string) []common.Address) (x402.SettlementStatus, error) {
+	return m.f.SentSettlementStatusBy(ctx, p, req, sent, signers(ctx, req.Network))
+}
+
 var (
 	_ x402.SentSettlementChecker = (*EVMFacilitator)(nil)
 	_ x402.SettlementChecker     = (*SVMFacilitator)(nil)
 	_ siblingReader              = (*SVMFacilitator)(nil)
+	_ signedStatusReader         = (*EVMFacilitator)(nil)
+	_ signedStatusReader         = (*HTTPFacilitator)(nil)
 	_ x402.SettlementChecker     = (*HTTPFacilitator)(nil)
 	_ x402.SettlementChecker     = (*MultiFacilitator)(nil)
 	_ x402.SentSettlementChecker = (*HTTPFacilitator)(nil)

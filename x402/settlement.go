@@ -19,9 +19,11 @@ const (
 	// happen (the authorization expired unused, or its nonce was spent
 	// without paying: cancelled, or used by another authorization), or it
 	// can never be this caller's: it happened for another settlement,
-	// which answers for it (Reason duplicate_settlement; a Solana payment
-	// whose record of its send another facilitator marked answered), and
-	// serving it here too would serve one payment twice.
+	// which answers for it (Reason duplicate_settlement, naming its
+	// Transaction: a Solana payment whose record of its send another
+	// facilitator marked answered; an EIP-3009 transfer sent by another
+	// than the settling facilitator's signers), and serving it here too
+	// would serve one payment twice.
 	SettlementNever
 )
 

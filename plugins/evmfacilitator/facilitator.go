@@ -158,6 +158,9 @@ type Facilitator struct {
 	// whose searches cover the last sentSlack only, so that neither takes
 	// the other's "not found" over blocks it did not search.
 	withinValidity validityCache
+	// senders is what ownTransfer learned of the senders of transactions
+	// that paid (senderCache).
+	senders senderCache
 
 	prepareTimeout time.Duration // the const prepareTimeout; tests shorten it
 

@@ -6,8 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aovhq/aov/x402"
+	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
+
+	"github.com/aovhq/aov/x402"
 )
 
 // Two resource servers of one payTo are handed the same authorization,
@@ -58,5 +60,52 @@ func TestOutrunByAnotherFacilitatorAnswersNonceUsed(t *testing.T) {
 	next := mustSignExact(t, payer, req)
 	if v, err := f.Verify(ctx, next, req); err != nil || !v.IsValid {
 		t.Fatalf("verify of the payer's next payment = %+v, %v; want valid", v, err)
+	}
+}
+
+// A status read (what a gate holding a payment whose settle ended unknown
+// asks) answers a transfer as the settlement's own only when the settling
+// facilitator sent it: the transaction it named, or one from its signers
+// (our relayer for the embedded facilitator; the remote's /supported
+// signers for a StatusReader). Relayed by another account (another
+// facilitator settling it for another resource server, which served it),
+// it is settled by another settlement: never for this caller, naming the
+// transaction, duplicate_settlement. Without signers (a remote that
+// publishes none) every sender's counts. (Before: done, and the gate
+// served the payment a second time.)
+func TestStatusOfATransferSentByAnotherIsSettledElsewhere(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	req := e.requirements(payee, amount)
+	p := mustSignExact(t, payer, req)
+	theirs := relayAuthorization(t, e.d, DevKey(5), p).TxHash.Hex()
+	elsewhere := x402.SettlementStatus{State: x402.SettlementNever, Transaction: theirs, Reason: x402.ReasonDuplicateSettlement, Payer: crypto.PubkeyToAddress(payer.PublicKey).Hex()}
+	done := elsewhere
+	done.State, done.Reason = x402.SettlementDone, ""
+	after := x402.SentSettlement{After: time.Now().Add(-time.Minute)}
+	for _, sent := range []x402.SentSettlement{{}, after, {SettledOnly: true}} {
+		if st, err := e.f.SentSettlementStatus(ctx, p, req, sent); err != nil || st != elsewhere {
+			t.Fatalf("our facilitator, %+v: %+v, %v; want %+v", sent, st, err, elsewhere)
+		}
+	}
+	reader := statusReader(t, e.d.Client())
+	ours := []common.Address{e.f.Relayer()}
+	if st, err := reader.SentSettlementStatusBy(ctx, p, req, after, ours); err != nil || st != elsewhere {
+		t.Fatalf("a reader of a remote whose signer is our relayer: %+v, %v; want %+v", st, err, elsewhere)
+	}
+	for name, c := range map[string]struct {
+		sent    x402.SentSettlement
+		signers []common.Address
+	}{
+		"the sender among the signers":     {after, []common.Address{e.f.Relayer(), crypto.PubkeyToAddress(DevKey(5).PublicKey)}},
+		"the transaction the remote named": {x402.SentSettlement{Transaction: theirs, After: after.After}, ours},
+		"no signers known":                 {after, nil},
+	} {
+		if st, err := reader.SentSettlementStatusBy(ctx, p, req, c.sent, c.signers); err != nil || st != done {
+			t.Fatalf("%s: %+v, %v; want %+v", name, st, err, done)
+		}
+	}
+	if st, err := reader.SettlementStatus(ctx, p, req); err != nil || st != done {
+		t.Fatalf("a reader without signers: %+v, %v; want %+v", st, err, done)
 	}
 }

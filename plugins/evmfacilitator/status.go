@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ethereum/go-ethereum"
@@ -24,7 +26,16 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 }
 
 // SentSettlementStatus implements x402.SentSettlementChecker for EIP-3009
-// payments. It sends nothing.
+// payments settled by this facilitator: SentSettlementStatusBy with our
+// relayer as the one signer whose transfers are its own.
+func (f *Facilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
+	return f.SentSettlementStatusBy(ctx, p, req, sent, []common.Address{f.relayer})
+}
+
+// SentSettlementStatusBy is the status of payment p as settled by a
+// facilitator whose transactions are sent from signers (its relayers, a
+// remote facilitator's /supported signers): see SentSettlementStatus. It
+// sends nothing.
 //
 // The token's authorizationState(from, nonce) true does not by itself mean
 // the transfer happened: the payer can mark the nonce used with
@@ -40,6 +51,15 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 // never happen (the token requires block.timestamp <
 // validBefore, and block time never goes back); unused otherwise is
 // undecided.
+//
+// A transfer that happened is the settlement's (done) only when the
+// transaction that made it is sent.Transaction (the one the facilitator
+// named) or was sent from one of signers (ownTransfer); sent by anyone
+// else, it is another settlement's (settledElsewhere): another
+// facilitator settled the same authorization for another resource server
+// of payTo, which served it, or someone relayed it, and serving it here
+// too would let one transfer buy two answers. nil signers (a remote
+// facilitator that publishes none) count every sender's.
 //
 // Either error, and a failed read of authorizationState, is an
 // *x402.UnknownOutcomeError (unknownStatus): the payment may have settled.
@@ -58,7 +78,7 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 // until validBefore passes, which the payer chose; the gateway keeps it
 // pending no longer than its claim (README: "resolve every unknown
 // outcome").
-func (f *Facilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
+func (f *Facilitator) SentSettlementStatusBy(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement, signers []common.Address) (x402.SettlementStatus, error) {
 	var st x402.SettlementStatus
 	if req.Network != f.network {
 		return st, fmt.Errorf("this facilitator settles on %s, not %s", f.network, req.Network)
@@ -86,6 +106,9 @@ func (f *Facilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPa
 			hints = f.sentWith(ctx, usedKey{token: token, from: auth.From, nonce: auth.Nonce}, common.BytesToHash(b))
 		}
 		u, err := f.usedStatus(ctx, token, auth, hints, sent.After)
+		if err == nil && u.State == x402.SettlementDone {
+			u, err = f.ownTransfer(ctx, u, sent.Transaction, signers)
+		}
 		u.Payer = st.Payer
 		if err != nil {
 			return u, unknownStatus(err)
@@ -103,6 +126,87 @@ func (f *Facilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPa
 		st.State = x402.SettlementNever
 	}
 	return st, nil
+}
+
+// ownTransfer is st, a transfer that happened, as the status of the
+// settlement asked about: its own (st) when its transaction is named (the
+// one the settling facilitator named) or was sent from one of signers
+// (all count when signers is nil); otherwise another settlement's
+// (settledElsewhere). The sender is recovered from the transaction's
+// signature, read by its hash; a transaction that cannot be read leaves
+// the outcome unknown (an error), as the settlement may be the asker's.
+func (f *Facilitator) ownTransfer(ctx context.Context, st x402.SettlementStatus, named string, signers []common.Address) (x402.SettlementStatus, error) {
+	if signers == nil || strings.EqualFold(st.Transaction, named) {
+		return st, nil
+	}
+	from, err := f.senders.lookup(common.HexToHash(st.Transaction), func(h common.Hash) (common.Address, error) {
+		tx, _, err := f.chain.TransactionByHash(ctx, h)
+		if err != nil {
+			return common.Address{}, fmt.Errorf("the authorization was paid by %s, which cannot be read to tell who sent it: %w", st.Transaction, err)
+		}
+		from, err := types.Sender(f.signer, tx)
+		if err != nil {
+			return common.Address{}, fmt.Errorf("the authorization was paid by %s, whose sender cannot be recovered: %w", st.Transaction, err)
+		}
+		return from, nil
+	})
+	if err != nil {
+		return x402.SettlementStatus{}, err
+	}
+	if slices.Contains(signers, from) {
+		return st, nil
+	}
+	return settledElsewhere(st.Transaction), nil
+}
+
+// senderCache remembers the senders ownTransfer read, by transaction
+// hash: the settled payment is public and its payer can sign any number
+// of authorizations of its nonce, each a status read of the same
+// transaction (a gate's settled-earlier check), which then costs no
+// transaction read (up to 32 MiB) beyond the first. A hash commits to
+// the transaction's signature, so its sender never changes and an entry
+// never goes stale; at most usedCacheMax are kept, an arbitrary one
+// dropped to make room.
+type senderCache struct {
+	mu sync.Mutex
+	m  map[common.Hash]common.Address
+}
+
+// lookup returns h's sender, read (read) when it is not remembered; a
+// failed read is not remembered.
+func (c *senderCache) lookup(h common.Hash, read func(common.Hash) (common.Address, error)) (common.Address, error) {
+	c.mu.Lock()
+	from, ok := c.m[h]
+	c.mu.Unlock()
+	if ok {
+		return from, nil
+	}
+	from, err := read(h)
+	if err != nil {
+		return from, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[common.Hash]common.Address{}
+	}
+	if len(c.m) >= usedCacheMax {
+		for k := range c.m {
+			delete(c.m, k)
+			break
+		}
+	}
+	c.m[h] = from
+	return from, nil
+}
+
+// settledElsewhere is the status of a payment whose transfer transaction
+// tx made for another settlement than the one asked about: it can never
+// settle for this caller (SettlementNever, Reason duplicate_settlement,
+// as the Solana facilitator answers a transaction another settlement
+// answered), so a gate holding it releases its claim and serves nothing.
+func settledElsewhere(tx string) x402.SettlementStatus {
+	return x402.SettlementStatus{State: x402.SettlementNever, Transaction: tx, Reason: x402.ReasonDuplicateSettlement}
 }
 
 // sentWith returns h and, when h is a transaction of a settlement of the
@@ -617,7 +721,7 @@ func (f *Facilitator) firstBlockAt(ctx context.Context, t time.Time, head *types
 // endpoint alone: it holds no key and sends nothing. A gateway whose
 // facilitator is remote uses it to resolve a settlement whose outcome the
 // facilitator could not tell (the x402 facilitator API has no status
-// call); the judgement is Facilitator.SentSettlementStatus's, so the
+// call); the judgement is Facilitator.SentSettlementStatusBy's, so the
 // embedded and the remote case agree.
 type StatusReader struct{ f *Facilitator }
 
@@ -627,20 +731,30 @@ func NewStatusReader(chain Chain, network string) (*StatusReader, error) {
 	if chain == nil {
 		return nil, errors.New("evm status reader: no chain client")
 	}
-	if _, err := x402.ChainID(network); err != nil {
+	chainID, err := x402.ChainID(network)
+	if err != nil {
 		return nil, fmt.Errorf("evm status reader: network %q: %w", network, err)
 	}
-	return &StatusReader{f: &Facilitator{chain: chain, network: network}}, nil
+	return &StatusReader{f: &Facilitator{chain: chain, network: network, chainID: chainID, signer: types.LatestSignerForChainID(chainID)}}, nil
 }
 
 // SettlementStatus implements x402.SettlementChecker.
 func (r *StatusReader) SettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements) (x402.SettlementStatus, error) {
-	return r.f.SettlementStatus(ctx, p, req)
+	return r.SentSettlementStatus(ctx, p, req, x402.SentSettlement{})
 }
 
-// SentSettlementStatus implements x402.SentSettlementChecker.
+// SentSettlementStatus implements x402.SentSettlementChecker, counting a
+// transfer of any sender as the settlement's: SentSettlementStatusBy
+// without signers.
 func (r *StatusReader) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
-	return r.f.SentSettlementStatus(ctx, p, req, sent)
+	return r.f.SentSettlementStatusBy(ctx, p, req, sent, nil)
+}
+
+// SentSettlementStatusBy is the status of a payment settled by a
+// facilitator whose transactions are sent from signers
+// (Facilitator.SentSettlementStatusBy).
+func (r *StatusReader) SentSettlementStatusBy(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement, signers []common.Address) (x402.SettlementStatus, error) {
+	return r.f.SentSettlementStatusBy(ctx, p, req, sent, signers)
 }
 
 var (

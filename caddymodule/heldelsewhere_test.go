@@ -1,0 +1,280 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	neturl "net/url"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/x402"
+)
+
+// One transfer, one answer. A gate whose settlement of payment P ended
+// unknown (nothing was sent: lose_request) holds P. Meanwhile the same P
+// is presented to an official x402 middleware on the same pay_to and price
+// (it verifies, serves and settles through its own facilitator, here an
+// evm facilitator with another relayer, as CDP's would be): that settle
+// answers success, so the middleware served P's answer. The buyer then
+// retries P at the gate, which finds P's transfer on chain, sent by
+// another than its facilitator's relayer: settled by another settlement,
+// a 402 duplicate_settlement, the claim released and nothing served.
+// (Before: the gate served its held answer too, and one transfer bought
+// two answers, which README's "One case is not covered" note says the
+// gate must not do.)
+func TestHeldPaymentSettledByAnotherFacilitatorIsNotServed(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	base := startCaddy(t, pendingSite(up.URL, "lose_request", filepath.Join(t.TempDir(), "gate"), ""))
+	url := base + "/verify/schema"
+	const buyer = 3
+	payer := evmfacilitator.DevAccounts()[buyer].Address
+	before := balance(t, d, payer)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), buyer)
+	var pl x402.PaymentPayload
+	if err := x402.DecodeHeader(sig, &pl); err != nil {
+		t.Fatal(err)
+	}
+
+	// 1. The gate: verified, upstream ran, settlement outcome unknown.
+	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("first try at the gate: status %d: %s", resp.StatusCode, b)
+	}
+
+	// 2. The official middleware on the same pay_to: verify, serve, settle
+	// through its own facilitator (another relayer account).
+	m := otherFacilitator(t, d)
+	ctx := context.Background()
+	if vr, err := m.Verify(ctx, pl, pl.Accepted); err != nil || !vr.IsValid {
+		t.Fatalf("middleware verify: %+v %v", vr, err)
+	}
+	sr, err := m.Settle(ctx, pl, pl.Accepted)
+	if err != nil || !sr.Success {
+		t.Fatalf("middleware settle: %+v %v", sr, err)
+	}
+	calls := up.calls.Load()
+
+	// 3. The buyer retries P at the gate.
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	e := readJSON(t, resp)
+	if resp.StatusCode != http.StatusPaymentRequired || e["reason"] != x402.ReasonDuplicateSettlement || up.calls.Load() != calls {
+		t.Fatalf("retry at the gate after the middleware settled P (%s): %d %v, upstream ran %d more; want 402 %s, nothing run",
+			sr.Transaction, resp.StatusCode, e, up.calls.Load()-calls, x402.ReasonDuplicateSettlement)
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
+		t.Fatalf("payer charged %v, want one payment, 20000", got)
+	}
+	// The claim is released: a replay is refused as the payment's answer
+	// was, not held.
+	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusPaymentRequired {
+		t.Fatalf("a replay after the release: %d, want 402", resp.StatusCode)
+	}
+}
+
+// otherFacilitator is another facilitator of the devnet, with its own
+// relayer (dev account 5): an official middleware's.
+func otherFacilitator(t *testing.T, d *evmfacilitator.Devnet) *evmfacilitator.Facilitator {
+	t.Helper()
+	m, err := evmfacilitator.New(evmfacilitator.Config{Chain: d.Client(), Network: evmfacilitator.DevnetNetwork,
+		RelayerKey: evmfacilitator.DevKey(5), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+// The same through the remote path: the gate's facilitator is a remote
+// one (facilitator http, with the gate's own rpc for status reads)
+// answering /settle as the official npm facilitator does for a gas
+// estimate that reverted before anything was sent (README: a contract
+// wallet whose isValidSignature reverts at settlement, "so a payer can
+// cause it at will"): success false, invalid_exact_evm_transaction_failed,
+// transaction "". The gate holds the payment (503 settlement_pending).
+// The payer then has the payment settled elsewhere: an official x402
+// middleware on the same pay_to verifies and settles it through its own
+// facilitator, over HTTP, and serves it. The gate's retry finds the
+// transfer, sent by an address the remote does not list among its
+// signers (GET /supported): settled by another settlement, 402. A remote
+// that lists no signers leaves the gate unable to tell, and it serves
+// the transfer as its own, as README says. (Before: served either way.)
+func TestRemoteHeldPaymentSettledByAnotherFacilitatorIsNotServed(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	m := httptest.NewServer(x402.NewFacilitatorHandler(otherFacilitator(t, d)))
+	t.Cleanup(m.Close)
+	for i, publishes := range []bool{true, false} {
+		t.Run(fmt.Sprintf("signers published %v", publishes), func(t *testing.T) {
+			remote := refusingRemote(t, fac, publishes)
+			up := newUpstream(t)
+			base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.01 %[3]s
+			facilitator http {
+				url %[2]s
+				rpc devnet %[4]s
+			}
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), remote, payTo.Hex(), d.RPCURL()))
+			url := base + "/verify/schema"
+			buyer := 4 + i
+			payer := evmfacilitator.DevAccounts()[buyer].Address
+			before := balance(t, d, payer)
+			sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), buyer)
+			var pl x402.PaymentPayload
+			if err := x402.DecodeHeader(sig, &pl); err != nil {
+				t.Fatal(err)
+			}
+			resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+			if e := readJSON(t, resp); resp.StatusCode != http.StatusServiceUnavailable || e["code"] != x402.ReasonSettlementPending {
+				t.Fatalf("first try: %d %v", resp.StatusCode, e)
+			}
+			// The official middleware: /verify then /settle at its facilitator.
+			call := func(path string, out any) {
+				b, _ := json.Marshal(map[string]any{"x402Version": 2, "paymentPayload": pl, "paymentRequirements": pl.Accepted})
+				resp, err := http.Post(m.URL+path, "application/json", bytes.NewReader(b))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var vr x402.VerifyResponse
+			if call("/verify", &vr); !vr.IsValid {
+				t.Fatalf("middleware /verify: %+v", vr)
+			}
+			var sr x402.SettleResponse
+			if call("/settle", &sr); !sr.Success {
+				t.Fatalf("middleware /settle: %+v", sr)
+			}
+			calls := up.calls.Load()
+			resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+			b, _ := io.ReadAll(resp.Body)
+			if got := charged(t, d, payer, before); got.Cmp(big.NewInt(10000)) != 0 {
+				t.Fatalf("payer charged %v, want one payment, 10000", got)
+			}
+			served := resp.StatusCode == http.StatusOK && up.calls.Load() == calls+1
+			switch {
+			case publishes && (resp.StatusCode != http.StatusPaymentRequired || !strings.Contains(string(b), x402.ReasonDuplicateSettlement) || up.calls.Load() != calls):
+				t.Fatalf("retry at the gate after the middleware settled P (%s): %d, upstream ran %d more: %.300s; want 402 %s",
+					sr.Transaction, resp.StatusCode, up.calls.Load()-calls, b, x402.ReasonDuplicateSettlement)
+			case !publishes && !served:
+				t.Fatalf("retry at the gate of a remote without signers: %d, upstream ran %d more: %.300s; want it served", resp.StatusCode, up.calls.Load()-calls, b)
+			}
+		})
+	}
+}
+
+// refusingRemote is a remote facilitator that passes /verify and
+// /supported to fac (without its signers unless publishes) and answers
+// /settle as a refusal before sending that leaves the outcome unknown
+// (invalid_exact_evm_transaction_failed, no transaction).
+func refusingRemote(t *testing.T, fac string, publishes bool) string {
+	t.Helper()
+	remote := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path == "/settle" {
+			var req struct {
+				PaymentPayload x402.PaymentPayload `json:"paymentPayload"`
+			}
+			json.Unmarshal(body, &req)
+			json.NewEncoder(w).Encode(map[string]any{"success": false, "errorReason": x402.ReasonExactEVMTransactionFailed,
+				"errorMessage": "execution reverted", "transaction": "", "network": req.PaymentPayload.Accepted.Network})
+			return
+		}
+		req, _ := http.NewRequest(r.Method, fac+r.URL.Path, bytes.NewReader(body))
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			http.Error(w, "unreachable", http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		if r.URL.Path == "/supported" && !publishes {
+			var s map[string]any
+			json.Unmarshal(raw, &s)
+			delete(s, "signers")
+			raw, _ = json.Marshal(s)
+		}
+		w.WriteHeader(resp.StatusCode)
+		w.Write(raw)
+	}))
+	t.Cleanup(remote.Close)
+	return remote.URL
+}
+
+// In a multi, the member that reads a payment's chain need not be the one
+// that sent it: here the remote (no rpc) settles and its reply is lost,
+// and the embedded evm member, with a relayer of its own, reads the
+// outcome. The transfer, sent by the remote's signer, is the multi's own
+// (the signers of every member count, read from their /supported), and
+// the charged buyer is served, not refused as settled by another
+// settlement.
+func TestMultiHeldPaymentSentByTheRemoteMemberIsServed(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	u, _ := neturl.Parse(fac)
+	rp := httputil.NewSingleHostReverseProxy(u)
+	remote := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/settle" {
+			rp.ServeHTTP(w, r)
+			return
+		}
+		rp.ServeHTTP(httptest.NewRecorder(), r) // settled, and the reply lost
+		http.Error(w, "bad gateway", http.StatusBadGateway)
+	}))
+	t.Cleanup(remote.Close)
+	up := newUpstream(t)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.01 %[3]s
+			facilitator multi {
+				http %[2]s
+				evm {
+					network devnet
+					rpc_url %[4]s
+					relayer_key %[5]s
+				}
+			}
+			store badger %[6]s
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), remote.URL, payTo.Hex(), d.RPCURL(), evmfacilitator.DevAccounts()[7].PrivateKeyHex, filepath.Join(t.TempDir(), "gate")))
+	url := base + "/verify/schema"
+	const buyer = 6
+	payer := evmfacilitator.DevAccounts()[buyer].Address
+	before := balance(t, d, payer)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), buyer)
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if e := readJSON(t, resp); resp.StatusCode != http.StatusServiceUnavailable || e["code"] != x402.ReasonSettlementPending {
+		t.Fatalf("first try: %d %v", resp.StatusCode, e)
+	}
+	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the charged buyer's retry: %d %.300s; want the paid answer", resp.StatusCode, b)
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(10000)) != 0 {
+		t.Fatalf("charged %v in all, want 10000", got)
+	}
+}
