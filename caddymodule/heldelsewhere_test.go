@@ -75,10 +75,13 @@ func TestHeldPaymentSettledByAnotherFacilitatorIsNotServed(t *testing.T) {
 	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(20000)) != 0 {
 		t.Fatalf("payer charged %v, want one payment, 20000", got)
 	}
-	// The claim is released: a replay is refused as the payment's answer
-	// was, not held.
-	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusPaymentRequired {
-		t.Fatalf("a replay after the release: %d, want 402", resp.StatusCode)
+	// The claim is released: a replay is claimed anew, and the gate's
+	// facilitator refuses the used nonce; the chain, read again (the
+	// settled-earlier check), tells a transfer another settlement made,
+	// not the gate's, and the refusal stands. Nothing runs.
+	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if reason := reasonOf(t, resp); resp.StatusCode != http.StatusPaymentRequired || reason != x402.ReasonExactEVMNonceAlreadyUsed || up.calls.Load() != calls {
+		t.Fatalf("a replay after the release: %d %s, upstream ran %d more; want 402 %s", resp.StatusCode, reason, up.calls.Load()-calls, x402.ReasonExactEVMNonceAlreadyUsed)
 	}
 }
 
