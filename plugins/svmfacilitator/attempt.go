@@ -37,8 +37,9 @@ import (
 // stepped between the claim and the read: 5 s covers these with room, and
 // is far below the seconds a replay takes to be claimed, verified and
 // settled after the original was served. It is also what stays open: a
-// replay whose attempt began within AttemptMargin of the original's
-// landing is still read as its own.
+// replay whose attempt began before the original landed, or within
+// AttemptMargin after, is still read as its own (the chain cannot tell
+// two attempts apart that both began before the landing).
 const AttemptMargin = 5 * time.Second
 
 // landing is where a transaction landed: its slot, and its block's time
@@ -55,12 +56,16 @@ type landing struct {
 //   - settled, naming sig, when it is no more than AttemptMargin older
 //     than the attempt;
 //   - settled by another settlement (settledElsewhere) when it is older;
-//   - an error when began is not known or either time cannot be read:
-//     the outcome stays undecided, never settled.
+//   - settled, naming sig, when began is not known (zero): a held record
+//     written before records kept their attempt's start, which its gate
+//     served by the landing alone; undecided it would be held until its
+//     claim lapsed, its buyer charged and never served;
+//   - an error when either time cannot be read: the outcome stays
+//     undecided, never settled.
 func (f *Facilitator) attributed(ctx context.Context, sig string, landed *landing, began time.Time) (x402.SettlementStatus, error) {
 	var out x402.SettlementStatus
 	if began.IsZero() {
-		return out, fmt.Errorf("transaction %s landed, and when the attempt that asks began is not known: whose settlement it is cannot be told", sig)
+		return x402.SettlementStatus{State: x402.SettlementDone, Transaction: sig}, nil
 	}
 	if landed == nil {
 		lt, err := f.rpc.Transaction(ctx, sig)
