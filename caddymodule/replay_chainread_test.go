@@ -18,27 +18,27 @@ import (
 )
 
 // laggingPoolNode is a FAKE Solana RPC node in front of the simulated
-// chain: while fail is set it is an overloaded pool member a slot behind
-// (getSignatureStatuses answered 503, simulateTransaction answered
-// "passed" from its older bank, as svmfacilitator's behindNode does);
-// otherwise every call is the real chain's.
-func laggingPoolNode(t *testing.T, upstream string, fail *atomic.Bool) string {
+// chain: while lag is set it is a pool member a slot behind,
+// simulateTransaction answered "passed" from its older bank (as
+// svmfacilitator's behindNode does), and with lookUpFails an overloaded
+// one, getSignatureStatuses answered 503; otherwise every call is the real
+// chain's.
+func laggingPoolNode(t *testing.T, upstream string, lag *atomic.Bool, lookUpFails bool) string {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		w.Header().Set("Content-Type", "application/json")
-		if fail.Load() {
+		if lag.Load() {
 			var req struct {
-				ID     string `json:"-"`
 				Method string `json:"method"`
 			}
-			_ = jsonUnmarshal(body, &req)
+			_ = json.Unmarshal(body, &req)
 			id := jsonID(body)
-			switch req.Method {
-			case "getSignatureStatuses":
+			switch {
+			case req.Method == "getSignatureStatuses" && lookUpFails:
 				w.WriteHeader(http.StatusServiceUnavailable)
 				w.Write([]byte(`{"jsonrpc":"2.0","id":` + id + `,"error":{"code":-32603,"message":"upstream unavailable"}}`))
 				return
-			case "simulateTransaction":
+			case req.Method == "simulateTransaction":
 				w.Write([]byte(`{"jsonrpc":"2.0","id":` + id + `,"result":{"context":{"slot":1},"value":{"err":null,"logs":[]}}}`))
 				return
 			}
@@ -54,6 +54,61 @@ func laggingPoolNode(t *testing.T, upstream string, fail *atomic.Bool) string {
 	}))
 	t.Cleanup(srv.Close)
 	return srv.URL
+}
+
+// twoRoutesOf starts a Caddy with two routes selling /verify/schema to
+// the upstream at up for the same Solana offer (payee), through fac, each
+// with a store of its own (so claims of its own), and returns their URLs:
+// a payment served at route A can be replayed at route B.
+func twoRoutesOf(t *testing.T, up, fac, payee string) (urlA, urlB string) {
+	site := fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept solana-devnet $0.02 %[3]s
+			facilitator %[2]s
+			store badger %[4]s
+			public_base_url https://gateway.test
+		}
+		reverse_proxy %[1]s
+	}
+	route /other/schema {
+		rewrite * /verify/schema
+		x402 {
+			accept solana-devnet $0.02 %[3]s
+			facilitator %[2]s
+			store badger %[5]s
+			public_base_url https://gateway.test
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up, "http://"), fac, payee, filepath.Join(t.TempDir(), "a"), filepath.Join(t.TempDir(), "b"))
+	base := startCaddy(t, site)
+	return base + "/verify/schema", base + "/other/schema"
+}
+
+// replayRefused sends sig to url, as the buyer's replay, once with
+// fault set and then, fault cleared, again every half second while it is
+// 503 settlement_pending, and wants the last answer 402
+// duplicate_settlement; ran is how often the upstream ran before the
+// replay.
+func replayRefused(t *testing.T, url, sig string, fault *atomic.Bool, up *reportingUpstream, ran int64) {
+	t.Helper()
+	fault.Store(true)
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	b := readAll(t, resp)
+	fault.Store(false)
+	if resp.StatusCode == http.StatusOK {
+		t.Fatalf("replay served at once: %s", b)
+	}
+	for i := 0; i < 6 && resp.StatusCode == http.StatusServiceUnavailable; i++ {
+		time.Sleep(500 * time.Millisecond)
+		resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+		b = readAll(t, resp)
+	}
+	if resp.StatusCode != http.StatusPaymentRequired || !strings.Contains(string(b), x402.ReasonDuplicateSettlement) {
+		t.Errorf("the replay at route B of a payment already served at route A: %d %s (upstream ran %d times, %d before the replay); want 402 duplicate_settlement", resp.StatusCode, b, up.n.Load(), ran)
+	}
 }
 
 // multi { http <remote, fee payer F>; svm <F> }. A buyer pays route A;
@@ -89,8 +144,8 @@ func TestSolanaReplayAtAnotherStoreIsNotServedByTheNamedTransactionsRead(t *test
 
 func replayAtAnotherStore(t *testing.T, facOf func(remote string, e *solanaEnv) string) {
 	e := newSolanaEnv(t)
-	var fail atomic.Bool
-	node := laggingPoolNode(t, e.chain.URL, &fail)
+	var lag atomic.Bool
+	node := laggingPoolNode(t, e.chain.URL, &lag, true)
 	newRemote := func() *svmfacilitator.Facilitator {
 		f, err := svmfacilitator.New(svmfacilitator.Config{RPC: &svmfacilitator.RPC{URL: node}, Network: x402.NetworkSolanaDevnet, FeePayer: svmFeeKey()})
 		if err != nil {
@@ -106,33 +161,8 @@ func replayAtAnotherStore(t *testing.T, facOf func(remote string, e *solanaEnv) 
 	t.Cleanup(remote.Close)
 
 	up := newReportingUpstream(t)
-	fac := facOf(remote.URL, e)
-	site := fmt.Sprintf(`:{port} {
-	route /verify/schema {
-		x402 {
-			accept solana-devnet $0.02 %[3]s
-			facilitator %[2]s
-			store badger %[4]s
-			public_base_url https://gateway.test
-		}
-		reverse_proxy %[1]s
-	}
-	route /other/schema {
-		rewrite * /verify/schema
-		x402 {
-			accept solana-devnet $0.02 %[3]s
-			facilitator %[2]s
-			store badger %[5]s
-			public_base_url https://gateway.test
-		}
-		reverse_proxy %[1]s
-	}
-}
-`, strings.TrimPrefix(up.URL, "http://"), fac, e.payee.Address, filepath.Join(t.TempDir(), "a"), filepath.Join(t.TempDir(), "b"))
-	base := startCaddy(t, site)
-	urlA, urlB := base+"/verify/schema", base+"/other/schema"
+	urlA, urlB := twoRoutesOf(t, up.URL, facOf(remote.URL, e), e.payee.Address)
 	payerBefore := e.usdc(t, e.payer.Address)
-
 	sig, txid := signSolana(t, e, urlA)
 	wantPaidWith(t, e, post(t, urlA, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), txid)
 	if got := payerBefore - e.usdc(t, e.payer.Address); got != 20000 {
@@ -145,32 +175,11 @@ func replayAtAnotherStore(t *testing.T, facOf func(remote string, e *solanaEnv) 
 	e.chain.AdvanceClock(10 * time.Second)
 	h2 := http.Handler(x402.NewFacilitatorHandler(newRemote()))
 	current.Store(&h2)
-	fail.Store(true)
-	resp := post(t, urlB, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	t.Logf("replay at route B: %d %s", resp.StatusCode, b)
-	fail.Store(false)
-	if resp.StatusCode == http.StatusOK {
-		t.Fatalf("replay served at once")
-	}
-	for i := 0; i < 6; i++ {
-		time.Sleep(500 * time.Millisecond)
-		resp = post(t, urlB, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
-		b, _ = io.ReadAll(resp.Body)
-		resp.Body.Close()
-		t.Logf("retry %d at route B: %d %s PAYMENT-RESPONSE=%q", i, resp.StatusCode, b, resp.Header.Get(x402.HeaderPaymentResponse))
-		if resp.StatusCode != http.StatusServiceUnavailable {
-			break
-		}
-	}
-	charged := payerBefore - e.usdc(t, e.payer.Address)
-	if resp.StatusCode != http.StatusPaymentRequired || !strings.Contains(string(b), x402.ReasonDuplicateSettlement) || charged != 20000 {
-		t.Errorf("the replay at route B of a payment already served at route A: %d %s (upstream ran %d times, %d before the replay; payer charged %d in all); want 402 duplicate_settlement, charged once", resp.StatusCode, b, up.n.Load(), ranOnce, charged)
+	replayRefused(t, urlB, sig, &lag, up, ranOnce)
+	if charged := payerBefore - e.usdc(t, e.payer.Address); charged != 20000 {
+		t.Errorf("payer charged %d in all; want 20000, once", charged)
 	}
 }
-
-func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
 
 func jsonID(b []byte) string {
 	var req struct {
@@ -203,24 +212,8 @@ func TestSolanaReplayWhoseDuplicateReplyIsLostIsNotServedByTheSearch(t *testing.
 func replayDuplicateReplyLost(t *testing.T, multi bool) {
 	e := newSolanaEnv(t)
 	var lag atomic.Bool
-	node := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		if lag.Load() && bytes.Contains(body, []byte(`"simulateTransaction"`)) {
-			w.Write([]byte(`{"jsonrpc":"2.0","id":` + jsonID(body) + `,"result":{"context":{"slot":1},"value":{"err":null,"logs":[]}}}`))
-			return
-		}
-		resp, err := http.Post(e.chain.URL, "application/json", bytes.NewReader(body))
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadGateway)
-			return
-		}
-		defer resp.Body.Close()
-		out, _ := io.ReadAll(resp.Body)
-		w.Write(out)
-	}))
-	t.Cleanup(node.Close)
-	f, err := svmfacilitator.New(svmfacilitator.Config{RPC: &svmfacilitator.RPC{URL: node.URL}, Network: x402.NetworkSolanaDevnet, FeePayer: svmFeeKey()})
+	node := laggingPoolNode(t, e.chain.URL, &lag, false)
+	f, err := svmfacilitator.New(svmfacilitator.Config{RPC: &svmfacilitator.RPC{URL: node}, Network: x402.NetworkSolanaDevnet, FeePayer: svmFeeKey()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,50 +228,12 @@ func replayDuplicateReplyLost(t *testing.T, multi bool) {
 	if !multi {
 		fac = fmt.Sprintf("http %s {\n\t\t\t\ttimeout 5s\n\t\t\t\trpc solana-devnet %s\n\t\t\t}", proxy.URL, e.chain.URL)
 	}
-	site := fmt.Sprintf(`:{port} {
-	route /verify/schema {
-		x402 {
-			accept solana-devnet $0.02 %[3]s
-			facilitator %[2]s
-			store badger %[4]s
-			public_base_url https://gateway.test
-		}
-		reverse_proxy %[1]s
-	}
-	route /other/schema {
-		rewrite * /verify/schema
-		x402 {
-			accept solana-devnet $0.02 %[3]s
-			facilitator %[2]s
-			store badger %[5]s
-			public_base_url https://gateway.test
-		}
-		reverse_proxy %[1]s
-	}
-}
-`, strings.TrimPrefix(up.URL, "http://"), fac, e.payee.Address, filepath.Join(t.TempDir(), "a"), filepath.Join(t.TempDir(), "b"))
-	base := startCaddy(t, site)
-	urlA, urlB := base+"/verify/schema", base+"/other/schema"
+	urlA, urlB := twoRoutesOf(t, up.URL, fac, e.payee.Address)
 	sig, txid := signSolana(t, e, urlA)
 	wantPaidWith(t, e, post(t, urlA, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), txid)
 
 	ranOnce := up.n.Load()
 	e.chain.AdvanceClock(10 * time.Second) // the replay comes 10 s later
-	lag.Store(true)
 	proxy.pass.Store(false)
-	resp := post(t, urlB, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	t.Logf("replay at route B: %d %s (remote /settle calls whose reply was lost: %d)", resp.StatusCode, b, proxy.settles.Load())
-	lag.Store(false)
-	for i := 0; i < 6 && resp.StatusCode == http.StatusServiceUnavailable; i++ {
-		time.Sleep(500 * time.Millisecond)
-		resp = post(t, urlB, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
-		b, _ = io.ReadAll(resp.Body)
-		resp.Body.Close()
-		t.Logf("retry %d at route B: %d %s", i, resp.StatusCode, b)
-	}
-	if resp.StatusCode != http.StatusPaymentRequired || !strings.Contains(string(b), x402.ReasonDuplicateSettlement) {
-		t.Errorf("the replay at route B of a payment already served at route A: %d %s (upstream ran %d times, %d before the replay); want 402 duplicate_settlement", resp.StatusCode, b, up.n.Load(), ranOnce)
-	}
+	replayRefused(t, urlB, sig, &lag, up, ranOnce)
 }
