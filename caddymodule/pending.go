@@ -134,6 +134,13 @@ type heldRecord struct {
 	// (the attempt's deadline back from when it ended unknown): a checker
 	// that searches the chain for the transaction looks no further back.
 	SentAfter time.Time `json:"sent_after,omitzero"`
+	// Signers are the addresses the gate's facilitator sent its EVM
+	// settlements from when the attempt ended unknown (heldSigners), hex;
+	// none on Solana, on a record left mid-attempt, or written before
+	// records kept them. The transfer one of them sent is the payment's
+	// even when the facilitator signs with others by the time the record
+	// is resolved (x402.SentSettlement.Signers).
+	Signers []string `json:"signers,omitempty"`
 	// Request names the request the payment paid for (heldRequest), ""
 	// when the gate could not name it, or the record was written before
 	// every record named it; RequestBody says its body is part of the
@@ -1046,11 +1053,11 @@ func markDelivered(ctx context.Context, hc store.HeldClaims, c store.Claim, h *h
 }
 
 // holdUnknown keeps the record of a settlement whose outcome is unknown
-// with its claim. sentAfter is a time before which it was not asked for
-// (paidCharge.sentAfter); bw is the held answer (nil in settle before
-// mode). Without a store that can hold, the claim simply stays pending
-// until it lapses, as before.
-func (g *Gate) holdUnknown(r *http.Request, c store.Claim, payment []byte, offer json.RawMessage, pid *paymentIDCall, sentAfter time.Time, bw *bufferedWriter, unknown *x402.UnknownOutcomeError) {
+// with its claim. network is the offer's; sentAfter is a time before
+// which it was not asked for (paidCharge.sentAfter); bw is the held
+// answer (nil in settle before mode). Without a store that can hold, the
+// claim simply stays pending until it lapses, as before.
+func (g *Gate) holdUnknown(r *http.Request, c store.Claim, payment []byte, offer json.RawMessage, network string, pid *paymentIDCall, sentAfter time.Time, bw *bufferedWriter, unknown *x402.UnknownOutcomeError) {
 	ctx := r.Context()
 	hc, ok := g.state.Claims().(store.HeldClaims)
 	if !ok {
@@ -1060,6 +1067,7 @@ func (g *Gate) holdUnknown(r *http.Request, c store.Claim, payment []byte, offer
 	if unknown != nil && unknown.Reply != nil {
 		h.Sent = unknown.Reply.Transaction
 	}
+	h.Signers = heldSigners(ctx, g.facilitator, network)
 	if failedUnnamed(unknown) {
 		bw = nil // no answer kept: see failedUnnamed
 	}
@@ -1240,7 +1248,7 @@ func (g *Gate) requestName(r *http.Request, read func(*http.Request) ([]byte, er
 // when the facilitator cannot tell (it is no SettlementChecker, or the
 // check failed): the outcome stays unknown.
 func (g *Gate) checkHeld(ctx context.Context, h *heldRecord) (x402.SettlementStatus, bool) {
-	return g.checkSettlement(ctx, h.payload, h.offer, x402.SentSettlement{Transaction: h.Sent, After: h.SentAfter})
+	return g.checkSettlement(ctx, h.payload, h.offer, x402.SentSettlement{Transaction: h.Sent, After: h.SentAfter, Signers: h.Signers})
 }
 
 // checkSettlement asks the facilitator whether payment p for offer

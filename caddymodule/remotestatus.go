@@ -49,7 +49,12 @@ import (
 // settled by another settlement, and the gate releases the payment and
 // serves nothing. A remote that publishes no signers for the network (or
 // whose /supported was never answered) leaves every sender's transfer
-// counted as its own, as before signers were read.
+// counted as its own, as before signers were read. The signers that count
+// are those remembered now, those recorded with the held payment when its
+// attempt was made (heldRecord.Signers), and, for a sender in neither,
+// those the remote lists when asked again (HTTPFacilitator.signers): a
+// remote that changed its relayer within the 5 minutes its list is
+// remembered sends from one the gate has not seen yet.
 //
 // On Solana the transaction is named by its first signature, the
 // facilitator's own fee-payer signature, which only the facilitator makes.
@@ -97,25 +102,48 @@ func (m *HTTPFacilitator) evmSigners(ctx context.Context, network string) []comm
 	s, known, due := r.s, r.known, !now().Before(r.next)
 	r.mu.Unlock()
 	if due {
-		askCtx, cancel, _ := ask(ctx)
-		got, err := m.f.Supported(askCtx)
-		cancel()
-		r.mu.Lock()
-		if err == nil {
-			r.s, r.known, r.next = got, true, now().Add(multiSupportedTTL)
+		if got, err := m.askSigners(ctx); err == nil {
 			s, known = got, true
-		} else {
-			r.next = now().Add(multiRetryMax)
-		}
-		r.mu.Unlock()
-		if err != nil {
-			m.logger.Warn("reading the facilitator's signers (GET /supported) to judge a settlement's transaction", zap.Error(err))
 		}
 	}
 	if !known {
 		return nil
 	}
 	return evmSignersOf(s, network)
+}
+
+// askSigners asks the remote's GET /supported now (within ask's bound)
+// and remembers the answer, or when to ask again after a failure.
+func (m *HTTPFacilitator) askSigners(ctx context.Context) (x402.SupportedResponse, error) {
+	r := m.status.signers
+	askCtx, cancel, _ := ask(ctx)
+	got, err := m.f.Supported(askCtx)
+	cancel()
+	r.mu.Lock()
+	if err == nil {
+		r.s, r.known, r.next = got, true, now().Add(multiSupportedTTL)
+	} else {
+		r.next = now().Add(multiRetryMax)
+	}
+	r.mu.Unlock()
+	if err != nil {
+		m.logger.Warn("reading the facilitator's signers (GET /supported) to judge a settlement's transaction", zap.Error(err))
+	}
+	return got, err
+}
+
+// signers is whose transfers count as the remote's on network: the
+// signers remembered (evmSigners) and, for a sender they do not list,
+// those its /supported lists when asked again, past what is remembered
+// (askSigners, once per status read, within its deadline).
+func (m *HTTPFacilitator) signers(ctx context.Context, network string) evmfacilitator.Signers {
+	return evmfacilitator.Signers{Known: m.evmSigners(ctx, network), Again: func(ctx context.Context) ([]common.Address, error) {
+		s, err := m.askSigners(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return evmSignersOf(s, network), nil
+	}}
 }
 
 // evmSignersOf is the one reading of the EVM signers of a /supported
@@ -129,6 +157,39 @@ func evmSignersOf(s x402.SupportedResponse, network string) []common.Address {
 				out = append(out, common.HexToAddress(a))
 			}
 		}
+	}
+	return out
+}
+
+// heldSigners is what a held record keeps of whose EVM transfers are the
+// gate's facilitator f's own on network when the attempt ended unknown
+// (heldRecord.Signers): the signers of every member of a multi that
+// settles it, a remote's as remembered (asked when due), another's by its
+// /supported; nil on a network that is not EVM, or when they are not
+// known. It is asked with the request's context cut loose, within ask's
+// bound, so that a buyer who left does not count as the remote's failure.
+func heldSigners(ctx context.Context, f x402.Facilitator, network string) []string {
+	if !x402.IsEVM(network) {
+		return nil
+	}
+	ctx = context.WithoutCancel(ctx)
+	var a []common.Address
+	switch f := f.(type) {
+	case *HTTPFacilitator:
+		a = f.evmSigners(ctx, network)
+	case *MultiFacilitator:
+		a = f.evmSigners(ctx, network).Known
+	default:
+		askCtx, cancel, _ := ask(ctx)
+		s, err := f.Supported(askCtx)
+		cancel()
+		if err == nil {
+			a = evmSignersOf(s, network)
+		}
+	}
+	var out []string
+	for _, x := range a {
+		out = append(out, x.Hex())
 	}
 	return out
 }
@@ -205,15 +266,15 @@ func (m *HTTPFacilitator) SettlementStatus(ctx context.Context, p x402.PaymentPa
 // transaction the facilitator named or, when it named none, by the
 // payment's transaction found on chain, no further back than the attempt;
 // on an EVM chain, a transfer counts as this settlement's when the remote
-// named it or one of its signers sent it (evmSigners).
+// named it or one of its signers sent it (signers).
 func (m *HTTPFacilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
-	return m.sentSettlementStatusBy(ctx, p, req, sent, m.evmSigners)
+	return m.sentSettlementStatusBy(ctx, p, req, sent, m.signers)
 }
 
 // sentSettlementStatusBy implements signedStatusReader: SentSettlementStatus
 // with an EVM transfer counted as this settlement's when signers (asked
 // only for an EVM network with an rpc endpoint) list its sender.
-func (m *HTTPFacilitator) sentSettlementStatusBy(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement, signers func(context.Context, string) []common.Address) (x402.SettlementStatus, error) {
+func (m *HTTPFacilitator) sentSettlementStatusBy(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement, signers func(context.Context, string) evmfacilitator.Signers) (x402.SettlementStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, m.status.timeout)
 	defer cancel()
 	if r := m.status.readers[req.Network]; r != nil {
@@ -315,8 +376,10 @@ func (m *MultiFacilitator) statusMember(ctx context.Context, req x402.PaymentReq
 // or a restart with it down), leaves pick at the svm member, and read as
 // its own, the landed send it has no record of would be "settled by
 // another settlement" and the charged buyer refused. Embedded members
-// answer /supported from their configuration, so among them alone pick's
-// member now is the one that sent.
+// answer /supported from their configuration, so among them alone, within
+// one load, pick's member now is the one that sent; an EIP-3009 payment
+// is read with every member's signers whatever this tells
+// (signedStatusReader), as a load that reorders the members moves pick.
 func (m *MultiFacilitator) mayBeSiblings(picked, asked int) bool {
 	return picked >= 0 && picked != asked || m.hasRemote()
 }
@@ -346,30 +409,54 @@ type siblingReader interface {
 // counting a transfer as the settlement's only when the transaction was
 // sent from one of the signers signers(ctx, network) returns (nil: any):
 // the embedded evm facilitator, whose own are its relayer alone, and a
-// remote one, whose own are its /supported signers. Reading a payment
-// another member may have sent (mayBeSiblings), it is asked with every
-// member's signers (MultiFacilitator.evmSigners), so that a sibling's send
-// is not taken for another settlement's and its charged buyer refused.
+// remote one, whose own are its /supported signers. In a multi it is
+// always asked with every member's signers (MultiFacilitator.evmSigners):
+// any of the gate's own facilitators' relayers is the gate's, whichever
+// member pick chooses now. (Asked with its own alone unless a remote
+// member was configured, the member put first by a reload or restart
+// after another member sent a held payment took that send for another
+// settlement's, and the charged buyer was refused.)
 type signedStatusReader interface {
-	sentSettlementStatusBy(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement, signers func(context.Context, string) []common.Address) (x402.SettlementStatus, error)
+	sentSettlementStatusBy(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement, signers func(context.Context, string) evmfacilitator.Signers) (x402.SettlementStatus, error)
 }
 
 // evmSigners returns the signers of every member that settles network,
-// by their remembered /supported (kinds): nil (any sender counts) when a
-// member's cannot be read or lists none for it.
-func (m *MultiFacilitator) evmSigners(ctx context.Context, network string) []common.Address {
+// by their remembered /supported (kinds): Known nil (any sender counts)
+// when a member's cannot be read or lists none for it. With a remote
+// member, Again asks the remote members again (askSigners) and the
+// others as remembered.
+func (m *MultiFacilitator) evmSigners(ctx context.Context, network string) evmfacilitator.Signers {
+	known, _ := m.memberSigners(ctx, network, false)
+	if !m.hasRemote() {
+		return evmfacilitator.Signers{Known: known}
+	}
+	return evmfacilitator.Signers{Known: known, Again: func(ctx context.Context) ([]common.Address, error) {
+		return m.memberSigners(ctx, network, true)
+	}}
+}
+
+// memberSigners is the union of the signers of every member that settles
+// network, nil when one's cannot be read or lists none; again asks the
+// remote members past what is remembered, and fails when one cannot be
+// asked.
+func (m *MultiFacilitator) memberSigners(ctx context.Context, network string, again bool) ([]common.Address, error) {
 	var out []common.Address
 	for i := range m.fs {
 		s, err := m.kinds(ctx, i)
 		if err != nil {
-			return nil
+			return nil, err
 		}
 		if !slices.ContainsFunc(s.Kinds, func(k x402.SupportedKind) bool { return k.Network == network }) {
 			continue
 		}
+		if h, ok := m.fs[i].(*HTTPFacilitator); ok && again {
+			if s, err = h.askSigners(ctx); err != nil {
+				return nil, err
+			}
+		}
 		a := evmSignersOf(s, network)
 		if a == nil {
-			return nil
+			return nil, nil
 		}
 		for _, x := range a {
 			if !slices.Contains(out, x) {
@@ -377,7 +464,7 @@ func (m *MultiFacilitator) evmSigners(ctx context.Context, network string) []com
 			}
 		}
 	}
-	return out
+	return out, nil
 }
 
 // SettlementStatus implements x402.SettlementChecker through the
@@ -406,7 +493,7 @@ func (m *MultiFacilitator) SentSettlementStatus(ctx context.Context, p x402.Paym
 	if sr, ok := f.(siblingReader); ok && sibling {
 		return sr.siblingSettlementStatus(ctx, p, req, sent)
 	}
-	if sr, ok := f.(signedStatusReader); ok && sibling {
+	if sr, ok := f.(signedStatusReader); ok {
 		return sr.sentSettlementStatusBy(ctx, p, req, sent, m.evmSigners)
 	}
 	if ssc, ok := f.(x402.SentSettlementChecker); ok {
@@ -444,7 +531,7 @@ func (m *EVMFacilitator) SentSettlementStatus(ctx context.Context, p x402.Paymen
 }
 
 // sentSettlementStatusBy implements signedStatusReader.
-func (m *EVMFacilitator) sentSettlementStatusBy(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement, signers func(context.Context, string) []common.Address) (x402.SettlementStatus, error) {
+func (m *EVMFacilitator) sentSettlementStatusBy(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement, signers func(context.Context, string) evmfacilitator.Signers) (x402.SettlementStatus, error) {
 	return m.f.SentSettlementStatusBy(ctx, p, req, sent, signers(ctx, req.Network))
 }
 

@@ -84,4 +84,13 @@ type SentSettlement struct {
 	// (settledEarlier) needs no more, and pays no more for a payment that
 	// never settled.
 	SettledOnly bool
+	// Signers are the addresses the settling facilitator sent its
+	// transactions from when the attempt was made (an EVM relayer, a
+	// remote's /supported signers), as the gate recorded them with the
+	// held payment; nil when none were recorded. A transfer one of them
+	// sent is the settlement's even when the facilitator signs with
+	// others now (a relayer key changed since): judged by today's alone,
+	// the gate's own transfer would be another settlement's, and its
+	// charged buyer refused.
+	Signers []string
 }

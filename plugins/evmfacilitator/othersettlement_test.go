@@ -2,7 +2,9 @@ package evmfacilitator
 
 import (
 	"context"
+	"errors"
 	"math/big"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,17 +91,42 @@ func TestStatusOfATransferSentByAnotherIsSettledElsewhere(t *testing.T) {
 		}
 	}
 	reader := statusReader(t, e.d.Client())
-	ours := []common.Address{e.f.Relayer()}
-	if st, err := reader.SentSettlementStatusBy(ctx, p, req, after, ours); err != nil || st != elsewhere {
-		t.Fatalf("a reader of a remote whose signer is our relayer: %+v, %v; want %+v", st, err, elsewhere)
+	ours := Signers{Known: []common.Address{e.f.Relayer()}}
+	theirSigner := crypto.PubkeyToAddress(DevKey(5).PublicKey)
+	listsNow := func(a ...common.Address) func(context.Context) ([]common.Address, error) {
+		return func(context.Context) ([]common.Address, error) { return a, nil }
 	}
+	for name, signers := range map[string]Signers{
+		"a reader of a remote whose signer is our relayer": ours,
+		"asked again, the sender still unlisted":           {Known: ours.Known, Again: listsNow(e.f.Relayer())},
+	} {
+		if st, err := reader.SentSettlementStatusBy(ctx, p, req, after, signers); err != nil || st != elsewhere {
+			t.Fatalf("%s: %+v, %v; want %+v", name, st, err, elsewhere)
+		}
+	}
+	// Signers that cannot be asked again leave the outcome unknown: the
+	// sender may be the remote's new relayer.
+	down := Signers{Known: ours.Known, Again: func(context.Context) ([]common.Address, error) { return nil, errors.New("remote down") }}
+	var unknown *x402.UnknownOutcomeError
+	if st, err := reader.SentSettlementStatusBy(ctx, p, req, after, down); !errors.As(err, &unknown) || st.State != x402.SettlementUndecided {
+		t.Fatalf("signers that cannot be asked again: %+v, %v; want an unknown outcome", st, err)
+	}
+	recorded := after
+	recorded.Signers = []string{strings.ToLower(theirSigner.Hex())}
 	for name, c := range map[string]struct {
 		sent    x402.SentSettlement
-		signers []common.Address
+		signers Signers
 	}{
-		"the sender among the signers":     {after, []common.Address{e.f.Relayer(), crypto.PubkeyToAddress(DevKey(5).PublicKey)}},
+		"the sender among the signers":     {after, Signers{Known: []common.Address{e.f.Relayer(), theirSigner}}},
 		"the transaction the remote named": {x402.SentSettlement{Transaction: theirs, After: after.After}, ours},
-		"no signers known":                 {after, nil},
+		"no signers known":                 {after, Signers{}},
+		// (Before: only the signers of now counted, and a relayer key
+		// changed while the payment was held refused its charged buyer.)
+		"the sender among the signers recorded with the attempt": {recorded, ours},
+		// (Before: a remote's signers were taken as remembered, up to 5
+		// minutes old, and its new relayer's transfer was another's.)
+		"the sender listed when the signers are asked again": {after, Signers{Known: ours.Known, Again: listsNow(e.f.Relayer(), theirSigner)}},
+		"asked again, no signers listed any more":            {after, Signers{Known: ours.Known, Again: listsNow()}},
 	} {
 		if st, err := reader.SentSettlementStatusBy(ctx, p, req, c.sent, c.signers); err != nil || st != done {
 			t.Fatalf("%s: %+v, %v; want %+v", name, st, err, done)

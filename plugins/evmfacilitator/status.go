@@ -29,13 +29,30 @@ func (f *Facilitator) SettlementStatus(ctx context.Context, p x402.PaymentPayloa
 // payments settled by this facilitator: SentSettlementStatusBy with our
 // relayer as the one signer whose transfers are its own.
 func (f *Facilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
-	return f.SentSettlementStatusBy(ctx, p, req, sent, []common.Address{f.relayer})
+	return f.SentSettlementStatusBy(ctx, p, req, sent, Signers{Known: []common.Address{f.relayer}})
+}
+
+// Signers tells whose transactions are a settling facilitator's own: the
+// one rule of which senders' transfers count as its settlement's
+// (ownTransfer).
+type Signers struct {
+	// Known are the addresses it sends from now (its relayers, a remote
+	// facilitator's /supported signers); nil when that cannot be told
+	// (a remote that publishes none), and every sender's transfer counts.
+	Known []common.Address
+	// Again, when set, reads them afresh (a remote's /supported, past
+	// what is remembered of it): asked once, for a transfer whose sender
+	// is neither in Known nor among the signers recorded with the
+	// attempt (x402.SentSettlement.Signers), before it is ruled another
+	// settlement's, since a remote that changed its relayer since it was
+	// last asked sends from one no list remembered yet. A failed read
+	// leaves the outcome unknown.
+	Again func(context.Context) ([]common.Address, error)
 }
 
 // SentSettlementStatusBy is the status of payment p as settled by a
-// facilitator whose transactions are sent from signers (its relayers, a
-// remote facilitator's /supported signers): see SentSettlementStatus. It
-// sends nothing.
+// facilitator whose transactions are sent from signers: see
+// SentSettlementStatus. It sends nothing.
 //
 // The token's authorizationState(from, nonce) true does not by itself mean
 // the transfer happened: the payer can mark the nonce used with
@@ -54,12 +71,12 @@ func (f *Facilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPa
 //
 // A transfer that happened is the settlement's (done) only when the
 // transaction that made it is sent.Transaction (the one the facilitator
-// named) or was sent from one of signers (ownTransfer); sent by anyone
-// else, it is another settlement's (settledElsewhere): another
-// facilitator settled the same authorization for another resource server
-// of payTo, which served it, or someone relayed it, and serving it here
-// too would let one transfer buy two answers. nil signers (a remote
-// facilitator that publishes none) count every sender's.
+// named) or was sent from one of the facilitator's signers, now or when
+// the attempt was made (ownTransfer); sent by anyone else, it is another
+// settlement's (settledElsewhere): another facilitator settled the same
+// authorization for another resource server of payTo, which served it,
+// or someone relayed it, and serving it here too would let one transfer
+// buy two answers.
 //
 // Either error, and a failed read of authorizationState, is an
 // *x402.UnknownOutcomeError (unknownStatus): the payment may have settled.
@@ -78,7 +95,7 @@ func (f *Facilitator) SentSettlementStatus(ctx context.Context, p x402.PaymentPa
 // until validBefore passes, which the payer chose; the gateway keeps it
 // pending no longer than its claim (README: "resolve every unknown
 // outcome").
-func (f *Facilitator) SentSettlementStatusBy(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement, signers []common.Address) (x402.SettlementStatus, error) {
+func (f *Facilitator) SentSettlementStatusBy(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement, signers Signers) (x402.SettlementStatus, error) {
 	var st x402.SettlementStatus
 	if req.Network != f.network {
 		return st, fmt.Errorf("this facilitator settles on %s, not %s", f.network, req.Network)
@@ -107,7 +124,7 @@ func (f *Facilitator) SentSettlementStatusBy(ctx context.Context, p x402.Payment
 		}
 		u, err := f.usedStatus(ctx, token, auth, hints, sent.After)
 		if err == nil && u.State == x402.SettlementDone {
-			u, err = f.ownTransfer(ctx, u, sent.Transaction, signers)
+			u, err = f.ownTransfer(ctx, u, sent, signers)
 		}
 		u.Payer = st.Payer
 		if err != nil {
@@ -129,14 +146,19 @@ func (f *Facilitator) SentSettlementStatusBy(ctx context.Context, p x402.Payment
 }
 
 // ownTransfer is st, a transfer that happened, as the status of the
-// settlement asked about: its own (st) when its transaction is named (the
-// one the settling facilitator named) or was sent from one of signers
-// (all count when signers is nil); otherwise another settlement's
+// settlement sent asked about: its own (st) when its transaction is the
+// one the settling facilitator named (sent.Transaction) or was sent from
+// one of its signers: those it has now (signers.Known; all count when
+// nil), those it had when the attempt was made (sent.Signers: a relayer
+// key changed since, or a multi's members reordered, sends no more from
+// the one that sent it), or, for a sender in neither, those it lists
+// when asked again (signers.Again); otherwise another settlement's
 // (settledElsewhere). The sender is recovered from the transaction's
-// signature, read by its hash; a transaction that cannot be read leaves
-// the outcome unknown (an error), as the settlement may be the asker's.
-func (f *Facilitator) ownTransfer(ctx context.Context, st x402.SettlementStatus, named string, signers []common.Address) (x402.SettlementStatus, error) {
-	if signers == nil || strings.EqualFold(st.Transaction, named) {
+// signature, read by its hash; a transaction that cannot be read, or
+// signers that cannot be asked again, leave the outcome unknown (an
+// error), as the settlement may be the asker's.
+func (f *Facilitator) ownTransfer(ctx context.Context, st x402.SettlementStatus, sent x402.SentSettlement, signers Signers) (x402.SettlementStatus, error) {
+	if signers.Known == nil || strings.EqualFold(st.Transaction, sent.Transaction) {
 		return st, nil
 	}
 	from, err := f.senders.lookup(common.HexToHash(st.Transaction), func(h common.Hash) (common.Address, error) {
@@ -153,8 +175,20 @@ func (f *Facilitator) ownTransfer(ctx context.Context, st x402.SettlementStatus,
 	if err != nil {
 		return x402.SettlementStatus{}, err
 	}
-	if slices.Contains(signers, from) {
+	recorded := slices.ContainsFunc(sent.Signers, func(a string) bool {
+		return common.IsHexAddress(a) && common.HexToAddress(a) == from
+	})
+	if slices.Contains(signers.Known, from) || recorded {
 		return st, nil
+	}
+	if signers.Again != nil {
+		again, err := signers.Again(ctx)
+		if err != nil {
+			return x402.SettlementStatus{}, fmt.Errorf("the authorization was paid by %s, sent from %s, which the facilitator's signers as last read do not list, and they cannot be read again: %w", st.Transaction, from.Hex(), err)
+		}
+		if again == nil || slices.Contains(again, from) {
+			return st, nil
+		}
 	}
 	return settledElsewhere(st.Transaction), nil
 }
@@ -747,13 +781,13 @@ func (r *StatusReader) SettlementStatus(ctx context.Context, p x402.PaymentPaylo
 // transfer of any sender as the settlement's: SentSettlementStatusBy
 // without signers.
 func (r *StatusReader) SentSettlementStatus(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement) (x402.SettlementStatus, error) {
-	return r.f.SentSettlementStatusBy(ctx, p, req, sent, nil)
+	return r.f.SentSettlementStatusBy(ctx, p, req, sent, Signers{})
 }
 
 // SentSettlementStatusBy is the status of a payment settled by a
 // facilitator whose transactions are sent from signers
 // (Facilitator.SentSettlementStatusBy).
-func (r *StatusReader) SentSettlementStatusBy(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement, signers []common.Address) (x402.SettlementStatus, error) {
+func (r *StatusReader) SentSettlementStatusBy(ctx context.Context, p x402.PaymentPayload, req x402.PaymentRequirements, sent x402.SentSettlement, signers Signers) (x402.SettlementStatus, error) {
 	return r.f.SentSettlementStatusBy(ctx, p, req, sent, signers)
 }
 

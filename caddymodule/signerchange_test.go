@@ -1,0 +1,218 @@
+package caddymodule
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/x402"
+)
+
+// The gate's embedded evm facilitator sent a held payment's transfer, its
+// reply lost (the record names no transaction: the embedded facilitator's
+// unknown outcome carries none). The operator then changes relayer_key (a
+// restart, or a reload, on the same store), and the charged buyer
+// retries: the transfer is the gate's own, sent from the relayer its
+// facilitator had when the attempt was made (heldRecord.Signers), and
+// the held payment is served. (Before: only the relayer of now counted,
+// the transfer was "settled by another settlement", the claim released
+// and the charged buyer refused 402.)
+func TestHeldEVMPaymentServedAfterRelayerKeyChange(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		key  int
+	}{{"same key (control)", faultyRelayer}, {"rotated key", 9}} {
+		t.Run(c.name, func(t *testing.T) { testHeldAfterRotation(t, c.key) })
+	}
+}
+
+func testHeldAfterRotation(t *testing.T, key int) {
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	storeDir := filepath.Join(t.TempDir(), "gate")
+	first := pendingSite(up.URL, "lose_reply", storeDir, "")
+	rotated := fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[3]s
+			facilitator evm {
+				network devnet
+				rpc_url %[2]s
+				relayer_key %[5]s
+			}
+			store badger %[4]s
+			public_base_url https://gateway.test
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), d.RPCURL(), payTo.Hex(), storeDir, evmfacilitator.DevAccounts()[key].PrivateKeyHex)
+	p := payThenRestart(t, d, first, 2+key%2, replyLost, func() string { return startCaddy(t, rotated) })
+	calls := up.calls.Load()
+	resp := post(t, p.url, validRequest, map[string]string{x402.HeaderPaymentSignature: p.sig})
+	b, _ := io.ReadAll(resp.Body)
+	t.Logf("charged %v; retry after the key rotation: %d %.400s", charged(t, d, p.payer, p.before), resp.StatusCode, b)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"payment":"paid"`) || up.calls.Load() > calls+1 {
+		t.Fatalf("the charged buyer's retry after relayer_key was rotated: %d %.300s; want the paid answer (the gate's own facilitator sent the transfer)", resp.StatusCode, b)
+	}
+}
+
+// A remote facilitator changes its relayer (its GET /supported now lists
+// the new address) less than 5 minutes after the gate read its signers
+// for another held payment. A payment it then settles from the new
+// relayer, its reply lost, is read with the remembered list, which lacks
+// the sender: the gate asks /supported again before ruling the transfer
+// another settlement's, finds it listed, and serves the charged buyer.
+// (Before: the remembered list was final, the remote's own transfer was
+// "settled by another settlement" and the charged buyer refused 402.)
+func TestHeldRemotePaymentServedAfterRemoteSignerChange(t *testing.T) {
+	t.Run("no earlier read of /supported (control)", func(t *testing.T) { testStaleSigners(t, false) })
+	t.Run("signers read before the rotation", func(t *testing.T) { testStaleSigners(t, true) })
+}
+
+func testStaleSigners(t *testing.T, warm bool) {
+	d, fac := sharedDevnet(t)
+	oldSigner := evmfacilitator.DevAccounts()[8].Address.Hex()
+	var rotated, sendAndLose atomic.Bool
+	remote := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path == "/settle" && !sendAndLose.Load() {
+			// P1: refused before anything was sent, outcome unknown (held).
+			var req struct {
+				PaymentPayload x402.PaymentPayload `json:"paymentPayload"`
+			}
+			json.Unmarshal(body, &req)
+			json.NewEncoder(w).Encode(map[string]any{"success": false, "errorReason": x402.ReasonExactEVMTransactionFailed,
+				"errorMessage": "execution reverted", "transaction": "", "network": req.PaymentPayload.Accepted.Network})
+			return
+		}
+		req, _ := http.NewRequest(r.Method, fac+r.URL.Path, bytes.NewReader(body))
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			http.Error(w, "unreachable", http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		if r.URL.Path == "/settle" {
+			http.Error(w, "bad gateway", http.StatusBadGateway) // P2: sent, reply lost
+			return
+		}
+		if r.URL.Path == "/supported" && !rotated.Load() {
+			var s map[string]any
+			json.Unmarshal(raw, &s)
+			s["signers"] = map[string][]string{"eip155:*": {oldSigner}} // before the rotation
+			raw, _ = json.Marshal(s)
+		}
+		w.WriteHeader(resp.StatusCode)
+		w.Write(raw)
+	}))
+	t.Cleanup(remote.Close)
+	up := newUpstream(t)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.01 %[3]s
+			facilitator http {
+				url %[2]s
+				rpc devnet %[4]s
+			}
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), remote.URL, payTo.Hex(), d.RPCURL()))
+	url := base + "/verify/schema"
+
+	// P1: held, its retry reads the chain and the remote's signers (old).
+	sig1 := signFor(t, paymentRequired(t, post(t, url, "", nil)), 1)
+	for i := 0; i < 2 && warm; i++ {
+		resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig1})
+		if e := readJSON(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("P1 try %d: %d %v", i, resp.StatusCode, e)
+		}
+	}
+	// The remote rotates its relayer to the one it now sends from.
+	rotated.Store(true)
+	sendAndLose.Store(true)
+	buyer := 2
+	if warm {
+		buyer = 4
+	}
+	payer := evmfacilitator.DevAccounts()[buyer].Address
+	before := balance(t, d, payer)
+	sig2 := signFor(t, paymentRequired(t, post(t, url, "", nil)), buyer)
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig2})
+	if e := readJSON(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("P2 first try: %d %v", resp.StatusCode, e)
+	}
+	calls := up.calls.Load()
+	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig2})
+	b, _ := io.ReadAll(resp.Body)
+	t.Logf("P2 charged %v; retry: %d %.300s", charged(t, d, payer, before), resp.StatusCode, b)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"payment":"paid"`) || up.calls.Load() > calls+1 {
+		t.Fatalf("the charged buyer's retry (the remote's own transfer, from the signer its /supported lists now): %d %.300s; want the paid answer", resp.StatusCode, b)
+	}
+}
+
+// A multi of two embedded evm members on one network (two relayer keys,
+// no remote): the first member sent a held payment's transfer, its reply
+// lost. A reload or restart puts the other member first, so pick now
+// chooses it and it reads the payment: every member's relayer counts, and
+// the charged buyer is served. (Before: without a remote member the
+// member picked counted its own relayer alone, the multi's own transfer
+// was another settlement's, and the charged buyer was refused 402.)
+func TestHeldMultiEVMPaymentServedAfterMembersReordered(t *testing.T) {
+	t.Run("same order (control)", func(t *testing.T) { testMultiReorder(t, false) })
+	t.Run("reordered", func(t *testing.T) { testMultiReorder(t, true) })
+}
+
+func testMultiReorder(t *testing.T, reorder bool) {
+	d, _ := sharedDevnet(t)
+	up := newUpstream(t)
+	storeDir := filepath.Join(t.TempDir(), "gate")
+	evm9 := fmt.Sprintf("evm {\n\t\t\t\t\tnetwork devnet\n\t\t\t\t\trpc_url %s\n\t\t\t\t\trelayer_key %s\n\t\t\t\t}", d.RPCURL(), evmfacilitator.DevAccounts()[9].PrivateKeyHex)
+	site := func(members string) string {
+		return fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.02 %[3]s
+			facilitator multi {
+				%[5]s
+			}
+			store badger %[4]s
+			public_base_url https://gateway.test
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), "", payTo.Hex(), storeDir, members)
+	}
+	first := site("faulty_devnet lose_reply\n\t\t\t\t" + evm9)
+	reordered := site(evm9 + "\n\t\t\t\tfaulty_devnet none")
+	if !reorder {
+		reordered = site("faulty_devnet none\n\t\t\t\t" + evm9)
+	}
+	key := 5
+	if reorder {
+		key = 8
+	}
+	p := payThenRestart(t, d, first, key, replyLost, func() string { return startCaddy(t, reordered) })
+	calls := up.calls.Load()
+	resp := post(t, p.url, validRequest, map[string]string{x402.HeaderPaymentSignature: p.sig})
+	b, _ := io.ReadAll(resp.Body)
+	t.Logf("charged %v; retry after the reorder: %d %.300s", charged(t, d, p.payer, p.before), resp.StatusCode, b)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"payment":"paid"`) || up.calls.Load() > calls+1 {
+		t.Fatalf("the charged buyer's retry after the multi's members were reordered: %d %.300s; want the paid answer (a member of the gate's multi sent the transfer)", resp.StatusCode, b)
+	}
+}
