@@ -579,7 +579,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 			if failedUnnamed(unknown) {
 				g.noteRefusal(r) // a payer can cause it: see failedUnnamed
 			}
-			g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, p.offer.Network, p.pid, p.sentAfter(), held, unknown)
+			g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, p.offer, p.pid, p.sentAfter(), held, unknown)
 			p.ex.refuse(w, r, errSettlementPending(err))
 			return settleUnknown
 		}
@@ -629,7 +629,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 			zap.String("transaction", sr.Transaction), zap.Error(err))
 		metrics.outcomes.WithLabelValues("settled_unrecorded").Inc()
 		if p.unrecorded = p.keepUnrecorded(r, sr, held); p.unrecorded == nil {
-			g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, p.offer.Network, p.pid, p.sentAfter(), held, &x402.UnknownOutcomeError{Op: "settle", Reply: &sr, Err: err})
+			g.holdUnknown(r, p.claim, p.pay.JSON, p.offerJS, p.offer, p.pid, p.sentAfter(), held, &x402.UnknownOutcomeError{Op: "settle", Reply: &sr, Err: err})
 		}
 		p.ex.refuse(w, r, errSettledUnrecorded(err))
 		return settleUnknown // settled: reportOutcome reports p.unrecorded as it was kept

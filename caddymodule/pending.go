@@ -1053,21 +1053,24 @@ func markDelivered(ctx context.Context, hc store.HeldClaims, c store.Claim, h *h
 }
 
 // holdUnknown keeps the record of a settlement whose outcome is unknown
-// with its claim. network is the offer's; sentAfter is a time before
+// with its claim. offer is the payment's offer (offerJS as written),
+// whose network names the signers kept and decides whether the gate can
+// read the outcome at all (readsSettlements); sentAfter is a time before
 // which it was not asked for (paidCharge.sentAfter); bw is the held
 // answer (nil in settle before mode). Without a store that can hold, the
 // claim simply stays pending until it lapses, as before.
-func (g *Gate) holdUnknown(r *http.Request, c store.Claim, payment []byte, offer json.RawMessage, network string, pid *paymentIDCall, sentAfter time.Time, bw *bufferedWriter, unknown *x402.UnknownOutcomeError) {
+func (g *Gate) holdUnknown(r *http.Request, c store.Claim, payment []byte, offerJS json.RawMessage, offer x402.PaymentRequirements, pid *paymentIDCall, sentAfter time.Time, bw *bufferedWriter, unknown *x402.UnknownOutcomeError) {
 	ctx := r.Context()
 	hc, ok := g.state.Claims().(store.HeldClaims)
 	if !ok {
 		return
 	}
-	h := g.newHeldRecord(r, c, payment, offer, sentAfter, pid)
+	h := g.newHeldRecord(r, c, payment, offerJS, sentAfter, pid)
+	h.offer = offer
 	if unknown != nil && unknown.Reply != nil {
 		h.Sent = unknown.Reply.Transaction
 	}
-	h.Signers = heldSigners(ctx, g.facilitator, network)
+	h.Signers = heldSigners(ctx, g.facilitator, offer.Network)
 	if failedUnnamed(unknown) {
 		bw = nil // no answer kept: see failedUnnamed
 	}

@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/store"
@@ -132,6 +135,7 @@ func fakeRefusedBeforeSendFacilitator(t *testing.T, real string) *httptest.Serve
 // work without bound for payments that never settle.)
 func TestFailureNamingNoTransactionIsHeldAndCounted(t *testing.T) {
 	d, fac := sharedDevnet(t)
+	storeDir := t.TempDir()
 	remote := fakeRefusedBeforeSendFacilitator(t, fac)
 	up := newUpstream(t)
 	base := startCaddy(t, fmt.Sprintf(`:{port} {
@@ -143,11 +147,12 @@ func TestFailureNamingNoTransactionIsHeldAndCounted(t *testing.T) {
 				url %[2]s
 				rpc devnet %[4]s
 			}
+			store badger %[5]s
 		}
 		reverse_proxy %[1]s
 	}
 }
-`, strings.TrimPrefix(up.URL, "http://"), remote.URL, payTo.Hex(), d.RPCURL()))
+`, strings.TrimPrefix(up.URL, "http://"), remote.URL, payTo.Hex(), d.RPCURL(), storeDir))
 	url := base + "/verify/schema"
 	t0 := time.Now()
 	now = func() time.Time { return t0 } // no refill during the test
@@ -185,6 +190,25 @@ func TestFailureNamingNoTransactionIsHeldAndCounted(t *testing.T) {
 	}
 	if n := up.calls.Load(); n != 2 {
 		t.Errorf("the upstream ran %d times; want once per payment", n)
+	}
+	// The gate reads the chain (rpc devnet): the held payment is not
+	// marked as one it can never resolve. (Before: the hold judged that by
+	// an empty offer, marked every held payment unresolvable and logged a
+	// Warning telling the operator to configure the rpc it had.)
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := store.Open(storeDir, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	st, err := db.Claims().Lookup(context.Background(), claimKeyOf(a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Claims().Lookup(context.Background(), unresolvableKey(decodeOrFail(t, st.Note).Keys)); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("the held payment's unresolvable mark: %v; want none, the gate reads the chain", err)
 	}
 }
 
@@ -228,7 +252,7 @@ func TestFailureNamingNoTransactionKeepsNoAnswer(t *testing.T) {
 			answer := bytes.Repeat([]byte("a"), maxHeldAnswer/2) // with its header, within what a record holds
 			bw := &bufferedWriter{header: http.Header{"Content-Type": {"application/json"}}, buf: bytes.NewBuffer(answer), code: http.StatusOK, limit: int64(len(answer))}
 			reply := c.reply
-			g.holdUnknown(req, claim, pay.JSON, g.liveOffers().offerJSON(0), g.liveOffers().offers[0].Network, nil, g.sentAfter(), bw, &x402.UnknownOutcomeError{Op: "settle", Reply: &reply, Err: io.EOF})
+			g.holdUnknown(req, claim, pay.JSON, g.liveOffers().offerJSON(0), g.liveOffers().offers[0], nil, g.sentAfter(), bw, &x402.UnknownOutcomeError{Op: "settle", Reply: &reply, Err: io.EOF})
 			st, err := g.state.Claims().Lookup(context.Background(), keys[0])
 			if err != nil {
 				t.Fatal(err)
