@@ -2,12 +2,15 @@ package caddymodule
 
 import (
 	"fmt"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/aovhq/aov/x402"
 )
 
 // A gate's proxy goes on to another server of the same Caddy (B), whose
@@ -32,6 +35,10 @@ func TestGateNameFollowsAnotherServersClientIPHeaders(t *testing.T) {
 // verifierd B, others to verifierd A), restarts Caddy with servers added
 // to its global options, and checks verifierd B is sent nothing.
 func gateProxyingToATenantServer(t *testing.T, servers string) {
+	defer func(d time.Duration) { resolveInterval = d }(resolveInterval)
+	resolveInterval = time.Hour
+	_, _ = sharedDevnet(t)
+	release := stallChain(t)
 	a, b := newReportingUpstream(t), newReportingUpstream(t)
 	inner := freePort(t)
 	sites := fmt.Sprintf(`:{port} {
@@ -57,14 +64,31 @@ func gateProxyingToATenantServer(t *testing.T, servers string) {
 }
 `, payTo.Hex(), filepath.Join(t.TempDir(), "gate"), inner,
 		strings.TrimPrefix(a.URL, "http://"), strings.TrimPrefix(b.URL, "http://"))
-	before, after := heldAcrossRestart(t, "", sites, strings.ReplaceAll(servers, "{inner}", fmt.Sprint(inner)), sites, func() {
-		if a.n.Load() != 1 || b.n.Load() != 0 {
-			t.Fatalf("the call went to A %d times, B %d times; want A once", a.n.Load(), b.n.Load())
-		}
-	})
-	if moved := after != before; moved != (servers != "") {
+	port := freePort(t)
+	loadCaddyServers(t, port, "", "", sites)
+	t.Cleanup(func() { caddy.Stop() })
+	before := loneGateName(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d/verify/schema", port)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 9)
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if body := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("paid call: %d %.300s; want 503 settlement_pending", resp.StatusCode, body)
+	}
+	if a.n.Load() != 1 || b.n.Load() != 0 {
+		t.Fatalf("the call went to A %d times, B %d times; want A once", a.n.Load(), b.n.Load())
+	}
+	resolveInterval = 300 * time.Millisecond
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	// The same sites; the servers now trust the loopback proxy and read
+	// the client address from X-Tenant: B now sends A's calls to verifierd B.
+	loadCaddyServers(t, port, strings.ReplaceAll(servers, "{inner}", fmt.Sprint(inner)), "", sites)
+	if moved := loneGateName(t) != before; moved != (servers != "") {
 		t.Errorf("gate renamed %v; want %v", moved, servers != "")
 	}
+	readAll(t, post(t, url, "", nil)) // the restarted gate learns its way
+	close(release)
 	for i := 0; i < 100 && len(a.got())+len(b.got()) == 0; i++ {
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -84,6 +108,10 @@ func TestOutcomeReportedAfterRestartAddingOwnTrustedProxies(t *testing.T) {
 		{"trusted_proxies and client_ip_headers", "\t\ttrusted_proxies static 127.0.0.1/8\n\t\tclient_ip_headers X-Tenant"},
 	} {
 		t.Run(tc.what, func(t *testing.T) {
+			defer func(d time.Duration) { resolveInterval = d }(resolveInterval)
+			resolveInterval = time.Hour
+			_, _ = sharedDevnet(t)
+			release := stallChain(t)
 			a := newReportingUpstream(t)
 			site := fmt.Sprintf(`:{port} {
 	route /verify/schema {
@@ -96,8 +124,27 @@ func TestOutcomeReportedAfterRestartAddingOwnTrustedProxies(t *testing.T) {
 	}
 }
 `, payTo.Hex(), filepath.Join(t.TempDir(), "gate"), strings.TrimPrefix(a.URL, "http://"))
-			before, after := heldAcrossRestart(t, "", site, tc.servers, site, nil)
-			waitFor(t, "the resolved outcome's report", func() bool { return len(a.got()) > 0 })
+			port := freePort(t)
+			loadCaddyServers(t, port, "", "", site)
+			t.Cleanup(func() { caddy.Stop() })
+			before := loneGateName(t)
+			url := fmt.Sprintf("http://127.0.0.1:%d/verify/schema", port)
+			sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 9)
+			resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+			if body := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+				t.Fatalf("paid call: %d %.300s; want 503 settlement_pending", resp.StatusCode, body)
+			}
+			resolveInterval = 300 * time.Millisecond
+			if err := caddy.Stop(); err != nil {
+				t.Fatal(err)
+			}
+			loadCaddyServers(t, port, tc.servers, "", site)
+			after := loneGateName(t)
+			readAll(t, post(t, url, "", nil)) // the restarted gate learns its way
+			close(release)
+			for i := 0; i < 50 && len(a.got()) == 0; i++ {
+				time.Sleep(100 * time.Millisecond)
+			}
 			if got := a.got(); len(got) != 1 || got[0] != "v-1=paid" {
 				t.Errorf("after a restart adding only %s (name kept: %v), the site's one upstream got %q; want [v-1=paid]", tc.what, before == after, got)
 			}

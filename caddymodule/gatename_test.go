@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/aovhq/aov/x402"
 )
 
 // A gate's name digests what decides where its requests go (its server's
@@ -71,8 +74,11 @@ func TestResolvedOutcomeReportedAfterRestartAddingServerSetting(t *testing.T) {
 		{"access log", "", "log {\n\t\toutput discard\n\t}"},
 	} {
 		t.Run(tc.what, func(t *testing.T) {
+			defer func(d time.Duration) { resolveInterval = d }(resolveInterval)
+			resolveInterval = time.Hour
+			_, _ = sharedDevnet(t)
+			release := stallChain(t)
 			a := newReportingUpstream(t)
-			dir := filepath.Join(t.TempDir(), "gate") // one store across the restart
 			site := func(inSite string) string {
 				return fmt.Sprintf(`:{port} {
 	%[4]s
@@ -85,9 +91,27 @@ func TestResolvedOutcomeReportedAfterRestartAddingServerSetting(t *testing.T) {
 		reverse_proxy %[3]s
 	}
 }
-`, payTo.Hex(), dir, strings.TrimPrefix(a.URL, "http://"), inSite)
+`, payTo.Hex(), filepath.Join(t.TempDir(), "gate"), strings.TrimPrefix(a.URL, "http://"), inSite)
 			}
-			heldAcrossRestart(t, "", site(""), tc.servers, site(tc.inSite), nil)
+			port := freePort(t)
+			first := site("")
+			loadCaddyServers(t, port, "", "", first)
+			t.Cleanup(func() { caddy.Stop() })
+			url := fmt.Sprintf("http://127.0.0.1:%d/verify/schema", port)
+			sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 9)
+			resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+			if body := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+				t.Fatalf("paid call: %d %.300s; want 503 settlement_pending", resp.StatusCode, body)
+			}
+			resolveInterval = 300 * time.Millisecond
+			if err := caddy.Stop(); err != nil {
+				t.Fatal(err)
+			}
+			// The same site and store, with the setting added.
+			second := strings.Replace(first, "\n\t\n\troute", "\n\t"+tc.inSite+"\n\troute", 1)
+			loadCaddyServers(t, port, tc.servers, "", second)
+			readAll(t, post(t, url, "", nil)) // the restarted gate learns its way
+			close(release)
 			waitFor(t, "the resolved outcome's report", func() bool { return len(a.got()) > 0 })
 			if got := a.got(); len(got) != 1 || got[0] != "v-1=paid" {
 				t.Errorf("after a restart adding only a %s, the site's one upstream got %q; want [v-1=paid]", tc.what, got)
@@ -96,47 +120,16 @@ func TestResolvedOutcomeReportedAfterRestartAddingServerSetting(t *testing.T) {
 	}
 }
 
-// heldAcrossRestart holds a paid call to /verify/schema of sites, loaded
-// with servers in the global options (its settlement reply lost and the
-// chain read stalled: 503 settlement_pending), then restarts Caddy on the
-// same port with servers2 and sites2 (between run while it is stopped,
-// when not nil), has the restarted gate's first request learn its way,
-// and releases the chain, so the background pass (every 300 ms until the
-// test ends) resolves the outcome through the restarted gate. It returns
-// the gate's names before and after the restart.
-func heldAcrossRestart(t *testing.T, servers, sites, servers2, sites2 string, between func()) (before, after string) {
-	t.Helper()
-	old := resolveInterval
-	t.Cleanup(func() { resolveInterval = old })
-	resolveInterval = time.Hour
-	_, _ = sharedDevnet(t)
-	release := stallChain(t)
-	port := freePort(t)
-	loadCaddyServers(t, port, servers, "", sites)
-	t.Cleanup(func() { caddy.Stop() })
-	before = loneGateName(t)
-	url := fmt.Sprintf("http://127.0.0.1:%d/verify/schema", port)
-	paidCallHeld(t, url, nil, "paid call")
-	resolveInterval = 300 * time.Millisecond
-	if err := caddy.Stop(); err != nil {
-		t.Fatal(err)
-	}
-	if between != nil {
-		between()
-	}
-	loadCaddyServers(t, port, servers2, "", sites2)
-	after = loneGateName(t)
-	readAll(t, post(t, url, "", nil)) // the restarted gate learns its way
-	close(release)
-	return before, after
-}
-
 // A proxy naming its upstream by {env.*} goes where the variable points
 // when the request is made: a restart pointing it at another verifierd is
 // a move, and the outcome verifierd A recorded is kept, never reported to
 // B, which never had the verification. (Before: the name read the
 // placeholder's text, and B was sent A's verification id and outcome.)
 func TestGateNameFollowsEnvPlaceholderUpstream(t *testing.T) {
+	defer func(d time.Duration) { resolveInterval = d }(resolveInterval)
+	resolveInterval = time.Hour
+	_, _ = sharedDevnet(t)
+	release := stallChain(t)
 	a, b := newReportingUpstream(t), newReportingUpstream(t)
 	t.Setenv("AOV_TEST_BACKEND", strings.TrimPrefix(a.URL, "http://"))
 	site := fmt.Sprintf(`:{port} {
@@ -150,9 +143,23 @@ func TestGateNameFollowsEnvPlaceholderUpstream(t *testing.T) {
 	}
 }
 `, payTo.Hex(), filepath.Join(t.TempDir(), "gate"))
-	heldAcrossRestart(t, "", site, "", site, func() {
-		t.Setenv("AOV_TEST_BACKEND", strings.TrimPrefix(b.URL, "http://"))
-	})
+	port := freePort(t)
+	loadCaddyServers(t, port, "", "", site)
+	t.Cleanup(func() { caddy.Stop() })
+	url := fmt.Sprintf("http://127.0.0.1:%d/verify/schema", port)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 9)
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if body := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("paid call: %d %.300s; want 503 settlement_pending", resp.StatusCode, body)
+	}
+	resolveInterval = 300 * time.Millisecond
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("AOV_TEST_BACKEND", strings.TrimPrefix(b.URL, "http://"))
+	loadCaddyServers(t, port, "", "", site)
+	readAll(t, post(t, url, "", nil)) // the restarted gate learns its way
+	close(release)
 	// The pass resolves the record and keeps it as moved: wait for it to
 	// have run several times.
 	time.Sleep(3 * time.Second)
