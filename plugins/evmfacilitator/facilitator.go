@@ -158,8 +158,8 @@ type Facilitator struct {
 	// whose searches cover the last sentSlack only, so that neither takes
 	// the other's "not found" over blocks it did not search.
 	withinValidity validityCache
-	// senders is what ownTransfer learned of the senders of transactions
-	// that paid (senderCache).
+	// senders is what status reads learned of the senders of the
+	// transactions they read (senderCache), for ownTransfer.
 	senders senderCache
 
 	prepareTimeout time.Duration // the const prepareTimeout; tests shorten it

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/aovhq/aov/x402"
@@ -95,5 +97,42 @@ func TestStatusOfATransferSentByAnotherIsSettledElsewhere(t *testing.T) {
 	}
 	if st, err := reader.SettlementStatus(ctx, p, req); err != nil || st != done {
 		t.Fatalf("a reader without signers: %+v, %v; want %+v", st, err, done)
+	}
+}
+
+// readsCounted is a Chain that counts the transactions read by hash.
+type readsCounted struct {
+	Chain
+	mu    sync.Mutex
+	reads map[common.Hash]int
+}
+
+func (c *readsCounted) TransactionByHash(ctx context.Context, h common.Hash) (*types.Transaction, bool, error) {
+	c.mu.Lock()
+	c.reads[h]++
+	c.mu.Unlock()
+	return c.Chain.TransactionByHash(ctx, h)
+}
+
+// A status read that finds the transaction that used the nonce reads it
+// once: for its call (which authorization it executed) and for its sender
+// (whose settlement it is) alike. (Before: twice, once for each.)
+func TestStatusReadsTheNonceUsersTransactionOnce(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	req := e.requirements(payee, amount)
+	p := mustSignExact(t, payer, req)
+	theirs := relayAuthorization(t, e.d, DevKey(5), p).TxHash
+	ours := Signers{Known: []common.Address{e.f.Relayer()}}
+	for _, sent := range []x402.SentSettlement{{After: time.Now().Add(-time.Minute)}, {}} {
+		chain := &readsCounted{Chain: e.d.Client(), reads: map[common.Hash]int{}}
+		reader := statusReader(t, chain)
+		st, err := reader.SentSettlementStatusBy(ctx, p, req, sent, ours)
+		if err != nil || st.Reason != x402.ReasonDuplicateSettlement {
+			t.Fatalf("%+v: %+v, %v; want settled elsewhere", sent, st, err)
+		}
+		if n := chain.reads[theirs]; n > 1 {
+			t.Errorf("%+v: the transaction that used the nonce was read %d times, want at most once", sent, n)
+		}
 	}
 }

@@ -161,19 +161,15 @@ func (f *Facilitator) ownTransfer(ctx context.Context, st x402.SettlementStatus,
 	if signers.Known == nil || strings.EqualFold(st.Transaction, sent.Transaction) {
 		return st, nil
 	}
-	from, err := f.senders.lookup(common.HexToHash(st.Transaction), func(h common.Hash) (common.Address, error) {
-		tx, _, err := f.chain.TransactionByHash(ctx, h)
+	from, ok := f.senders.get(common.HexToHash(st.Transaction))
+	if !ok {
+		tx, err := f.readTransaction(ctx, common.HexToHash(st.Transaction))
 		if err != nil {
-			return common.Address{}, fmt.Errorf("the authorization was paid by %s, which cannot be read to tell who sent it: %w", st.Transaction, err)
+			return x402.SettlementStatus{}, fmt.Errorf("the authorization was paid by %s, which cannot be read to tell who sent it: %w", st.Transaction, err)
 		}
-		from, err := types.Sender(f.signer, tx)
-		if err != nil {
-			return common.Address{}, fmt.Errorf("the authorization was paid by %s, whose sender cannot be recovered: %w", st.Transaction, err)
+		if from, err = types.Sender(f.signer, tx); err != nil {
+			return x402.SettlementStatus{}, fmt.Errorf("the authorization was paid by %s, whose sender cannot be recovered: %w", st.Transaction, err)
 		}
-		return from, nil
-	})
-	if err != nil {
-		return x402.SettlementStatus{}, err
 	}
 	recorded := slices.ContainsFunc(sent.Signers, func(a string) bool {
 		return common.IsHexAddress(a) && common.HexToAddress(a) == from
@@ -193,45 +189,58 @@ func (f *Facilitator) ownTransfer(ctx context.Context, st x402.SettlementStatus,
 	return settledElsewhere(st.Transaction), nil
 }
 
-// senderCache remembers the senders ownTransfer read, by transaction
-// hash: the settled payment is public and its payer can sign any number
-// of authorizations of its nonce, each a status read of the same
-// transaction (a gate's settled-earlier check), which then costs no
-// transaction read (up to 32 MiB) beyond the first. A hash commits to
-// the transaction's signature, so its sender never changes and an entry
-// never goes stale; at most usedCacheMax are kept, an arbitrary one
-// dropped to make room.
+// readTransaction reads the transaction h by its hash and remembers its
+// sender (senders) when it can be recovered: a status read reads the
+// transaction that used a nonce for its call (nonceUseOf, judgeReceipt)
+// and, when it paid, ownTransfer needs its sender, which that one read
+// then gives.
+func (f *Facilitator) readTransaction(ctx context.Context, h common.Hash) (*types.Transaction, error) {
+	tx, _, err := f.chain.TransactionByHash(ctx, h)
+	if err != nil {
+		return nil, err
+	}
+	if from, err := types.Sender(f.signer, tx); err == nil {
+		f.senders.put(h, from)
+	}
+	return tx, nil
+}
+
+// senderCache remembers the senders of the transactions a status read
+// read (readTransaction), by transaction hash: the settled payment is
+// public and its payer can sign any number of authorizations of its
+// nonce, each a status read of the same transaction (a gate's
+// settled-earlier check), which then costs no transaction read (up to 32
+// MiB) for its sender beyond the first. A hash commits to the
+// transaction's signature, so its sender never changes and an entry never
+// goes stale; at most usedCacheMax are kept, an arbitrary one dropped to
+// make room.
 type senderCache struct {
 	mu sync.Mutex
 	m  map[common.Hash]common.Address
 }
 
-// lookup returns h's sender, read (read) when it is not remembered; a
-// failed read is not remembered.
-func (c *senderCache) lookup(h common.Hash, read func(common.Hash) (common.Address, error)) (common.Address, error) {
+// get returns h's sender, if remembered.
+func (c *senderCache) get(h common.Hash) (common.Address, bool) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	from, ok := c.m[h]
-	c.mu.Unlock()
-	if ok {
-		return from, nil
-	}
-	from, err := read(h)
-	if err != nil {
-		return from, err
-	}
+	return from, ok
+}
+
+// put remembers from as h's sender.
+func (c *senderCache) put(h common.Hash, from common.Address) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil {
 		c.m = map[common.Hash]common.Address{}
 	}
-	if len(c.m) >= usedCacheMax {
+	if _, ok := c.m[h]; !ok && len(c.m) >= usedCacheMax {
 		for k := range c.m {
 			delete(c.m, k)
 			break
 		}
 	}
 	c.m[h] = from
-	return from, nil
 }
 
 // settledElsewhere is the status of a payment whose transfer transaction
@@ -509,7 +518,7 @@ func (f *Facilitator) nonceUseOf(ctx context.Context, token common.Address, a x4
 	if err != nil {
 		return nonceUse{}, fmt.Errorf("the authorization's nonce was used by %s, whose transfers cannot be read: %w", l.TxHash.Hex(), err)
 	}
-	tx, _, err := f.chain.TransactionByHash(ctx, l.TxHash)
+	tx, err := f.readTransaction(ctx, l.TxHash)
 	if err != nil {
 		return nonceUse{}, fmt.Errorf("the authorization's nonce was used by %s, whose call cannot be read: %w", l.TxHash.Hex(), err)
 	}
@@ -604,7 +613,7 @@ func (f *Facilitator) judgeReceipt(ctx context.Context, tx *types.Transaction, r
 		if l.Topics[0] == authorizationUsedEventID {
 			if tx == nil {
 				var err error
-				if tx, _, err = f.chain.TransactionByHash(ctx, r.TxHash); err != nil {
+				if tx, err = f.readTransaction(ctx, r.TxHash); err != nil {
 					return x402.SettlementStatus{}, true, fmt.Errorf("the authorization's nonce was used by %s, whose call cannot be read: %w", r.TxHash.Hex(), err)
 				}
 			}

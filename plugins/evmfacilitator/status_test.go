@@ -630,7 +630,7 @@ func TestOneJudgeOfAUsedNonce(t *testing.T) {
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			tx := common.Hash{9}
-			f := &Facilitator{chain: txByHash{txs: map[common.Hash]*types.Transaction{tx: tc.call}}}
+			f := &Facilitator{chain: txByHash{txs: map[common.Hash]*types.Transaction{tx: tc.call}}, signer: types.LatestSignerForChainID(big.NewInt(1337))}
 			logs := make([]*types.Log, len(tc.logs))
 			var block []types.Log // the block's Transfers from the payer, as eth_getLogs answers
 			for i, l := range tc.logs {
