@@ -415,3 +415,70 @@ func TestClassifyReadsEachClientsForms(t *testing.T) {
 		})
 	}
 }
+
+// fakeNullLogNode is a FAKE FOR A FAULT the devnet cannot produce: an RPC
+// endpoint in front of it whose every transaction receipt lists a null
+// log first (a buggy or hostile provider's answer), which ethclient
+// decodes without complaint into a nil *types.Log.
+func fakeNullLogNode(t *testing.T, target string) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		resp, err := http.Post(target, "application/json", bytes.NewReader(body))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		var req struct{ Method string }
+		var m map[string]any
+		if json.Unmarshal(body, &req) == nil && req.Method == "eth_getTransactionReceipt" && json.Unmarshal(raw, &m) == nil {
+			if res, ok := m["result"].(map[string]any); ok {
+				if logs, ok := res["logs"].([]any); ok {
+					res["logs"] = append([]any{nil}, logs...)
+					raw, _ = json.Marshal(m)
+				}
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(resp.StatusCode)
+		w.Write(raw)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// A receipt that lists a null log is not read. A settle whose receipt is
+// only ever answered so is resolved by the nonce's logs once its wait
+// for the receipt ends: success, naming its transaction. A status read by the
+// transaction the facilitator named (a hint, judged by its receipt) finds
+// the transaction by the nonce's logs instead, and answers as over the
+// devnet itself. (Before: a nil pointer dereference, on every read of
+// every payment such an endpoint answered for.)
+func TestReceiptWithANullLogIsNotRead(t *testing.T) {
+	d := startDevnet(t, DevnetConfig{RPCListen: "127.0.0.1:0"})
+	c, err := ethclient.Dial(fakeNullLogNode(t, d.RPCURL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	f, err := newFacilitator(Config{Chain: c, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: time.Second}, d.nonces)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := (&testEnv{d: d, f: f}).requirements(payee, amount)
+	p := mustSignExact(t, payer, req)
+	if r, err := f.Settle(context.Background(), p, req); err != nil || !r.Success || r.Transaction == "" {
+		t.Fatalf("a settle whose receipts list a null log: %+v, %v; want success", r, err)
+	}
+	s := settleOne(t, d, nil, nil)
+	sent := x402.SentSettlement{Transaction: s.r.Transaction}
+	want, err := statusReader(t, d.Client()).SentSettlementStatus(context.Background(), s.p, s.req, sent)
+	if err != nil || want.State != x402.SettlementDone {
+		t.Fatalf("over the devnet: %+v, %v; want done", want, err)
+	}
+	if st, err := statusReader(t, c).SentSettlementStatus(context.Background(), s.p, s.req, sent); err != nil || st != want {
+		t.Fatalf("over an endpoint whose receipts list a null log: %+v, %v; want %+v", st, err, want)
+	}
+}

@@ -705,7 +705,7 @@ func (f *Facilitator) waitReceipt(ctx context.Context, s *sentSettlement) (*type
 	for {
 		// Not found yet, or a transport error: keep trying until the deadline.
 		for _, tx := range s.all() {
-			if r, err := f.chain.TransactionReceipt(ctx, tx.Hash()); err == nil {
+			if r, err := f.receipt(ctx, tx.Hash()); err == nil {
 				return tx, r, nil
 			}
 		}
@@ -771,7 +771,7 @@ func (f *Facilitator) resolve(c *checked, s *sentSettlement, cause error) (x402.
 			pending = cmp.Or(pending, tx)
 			continue
 		}
-		rcpt, err := f.chain.TransactionReceipt(ctx, tx.Hash())
+		rcpt, err := f.receipt(ctx, tx.Hash())
 		if err != nil {
 			return unknown(fmt.Errorf("%v; the transaction %s is mined, but its receipt cannot be read: %w", cause, tx.Hash().Hex(), err))
 		}

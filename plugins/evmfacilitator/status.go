@@ -354,7 +354,7 @@ var (
 // remembered.
 func (f *Facilitator) usedStatus(ctx context.Context, token common.Address, a x402.AuthorizationValues, hints []common.Hash, after time.Time) (x402.SettlementStatus, error) {
 	for _, h := range hints {
-		if r, err := f.chain.TransactionReceipt(ctx, h); err == nil {
+		if r, err := f.receipt(ctx, h); err == nil {
 			if st, found, err := f.judgeReceipt(ctx, nil, r, token, a); found || err != nil {
 				return st, err
 			}
@@ -628,6 +628,22 @@ func (f *Facilitator) judgeReceipt(ctx context.Context, tx *types.Transaction, r
 		return st, true, err
 	}
 	return x402.SettlementStatus{}, false, nil
+}
+
+// receipt reads h's receipt, refusing one that lists a null log (an odd
+// or hostile endpoint's answer, which ethclient decodes without complaint
+// into a nil *types.Log that every judgement of the receipt would
+// dereference): the receipt is then unreadable, as if the endpoint had
+// failed.
+func (f *Facilitator) receipt(ctx context.Context, h common.Hash) (*types.Receipt, error) {
+	r, err := f.chain.TransactionReceipt(ctx, h)
+	if err != nil {
+		return nil, err
+	}
+	if slices.Contains(r.Logs, nil) {
+		return nil, fmt.Errorf("the receipt of %s lists a null log", h.Hex())
+	}
+	return r, nil
 }
 
 // isNonceLog reports whether l is the token's AuthorizationUsed or
