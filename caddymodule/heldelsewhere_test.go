@@ -118,7 +118,11 @@ func TestRemoteHeldPaymentSettledByAnotherFacilitatorIsNotServed(t *testing.T) {
 	t.Cleanup(m.Close)
 	for i, publishes := range []bool{true, false} {
 		t.Run(fmt.Sprintf("signers published %v", publishes), func(t *testing.T) {
-			remote := refusingRemote(t, fac, publishes)
+			remote := newLossyProxy(t, fac, "refuse", func(s map[string]any) {
+				if !publishes {
+					delete(s, "signers")
+				}
+			}).URL
 			up := newUpstream(t)
 			base := startCaddy(t, fmt.Sprintf(`:{port} {
 	route /verify/schema {
@@ -182,46 +186,6 @@ func TestRemoteHeldPaymentSettledByAnotherFacilitatorIsNotServed(t *testing.T) {
 			}
 		})
 	}
-}
-
-// refusingRemote is a remote facilitator that passes /verify and
-// /supported to fac (without its signers unless publishes) and answers
-// /settle as a refusal before sending that leaves the outcome unknown
-// (invalid_exact_evm_transaction_failed, no transaction).
-func refusingRemote(t *testing.T, fac string, publishes bool) string {
-	t.Helper()
-	remote := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		if r.URL.Path == "/settle" {
-			var req struct {
-				PaymentPayload x402.PaymentPayload `json:"paymentPayload"`
-			}
-			json.Unmarshal(body, &req)
-			json.NewEncoder(w).Encode(map[string]any{"success": false, "errorReason": x402.ReasonExactEVMTransactionFailed,
-				"errorMessage": "execution reverted", "transaction": "", "network": req.PaymentPayload.Accepted.Network})
-			return
-		}
-		req, _ := http.NewRequest(r.Method, fac+r.URL.Path, bytes.NewReader(body))
-		req.Header = r.Header.Clone()
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			http.Error(w, "unreachable", http.StatusBadGateway)
-			return
-		}
-		defer resp.Body.Close()
-		raw, _ := io.ReadAll(resp.Body)
-		if r.URL.Path == "/supported" && !publishes {
-			var s map[string]any
-			json.Unmarshal(raw, &s)
-			delete(s, "signers")
-			raw, _ = json.Marshal(s)
-		}
-		w.WriteHeader(resp.StatusCode)
-		w.Write(raw)
-	}))
-	t.Cleanup(remote.Close)
-	return remote.URL
 }
 
 // In a multi, the member that reads a payment's chain need not be the one

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/big"
@@ -27,17 +28,24 @@ import (
 // forwards /settle, lets the facilitator settle, and then drops the
 // connection instead of passing the answer on (a facilitator that times out
 // after sending); in mode "lose_request" it drops the connection without
-// forwarding (nothing settles). Every other call is forwarded unchanged,
-// and so is /settle once pass is set (the path healed).
+// forwarding (nothing settles); in mode "refuse" it answers as the official
+// npm facilitator does for a gas estimate that reverted before anything
+// was sent: success false, invalid_exact_evm_transaction_failed,
+// transaction "" (the outcome unknown to the gate, nothing sent). Every
+// other call is forwarded unchanged, /supported's answer through supported
+// when given, and so is /settle once pass is set (the path healed). The
+// mode may be changed while it runs.
 type lossyProxy struct {
 	*httptest.Server
 	settles atomic.Int64 // /settle calls forwarded
 	pass    atomic.Bool
+	mode    atomic.Value // string
 }
 
-func newLossyProxy(t *testing.T, facURL, mode string) *lossyProxy {
+func newLossyProxy(t *testing.T, facURL, mode string, supported ...func(map[string]any)) *lossyProxy {
 	t.Helper()
 	p := &lossyProxy{}
+	p.mode.Store(mode)
 	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		drop := func() {
@@ -47,8 +55,18 @@ func newLossyProxy(t *testing.T, facURL, mode string) *lossyProxy {
 			}
 		}
 		settle := strings.HasSuffix(r.URL.Path, "/settle") && !p.pass.Load()
-		if settle && mode == "lose_request" {
+		switch mode := p.mode.Load(); {
+		case settle && mode == "lose_request":
 			drop()
+			return
+		case settle && mode == "refuse":
+			var req struct {
+				PaymentPayload x402.PaymentPayload `json:"paymentPayload"`
+			}
+			json.Unmarshal(body, &req)
+			w.Header().Set("Content-Type", "application/json")
+			json.NewEncoder(w).Encode(map[string]any{"success": false, "errorReason": x402.ReasonExactEVMTransactionFailed,
+				"errorMessage": "execution reverted", "transaction": "", "network": req.PaymentPayload.Accepted.Network})
 			return
 		}
 		req, _ := http.NewRequestWithContext(r.Context(), r.Method, facURL+r.URL.Path, bytes.NewReader(body))
@@ -64,6 +82,14 @@ func newLossyProxy(t *testing.T, facURL, mode string) *lossyProxy {
 			p.settles.Add(1)
 			drop()
 			return
+		}
+		if strings.HasSuffix(r.URL.Path, "/supported") {
+			for _, rewrite := range supported {
+				var s map[string]any
+				json.Unmarshal(reply, &s)
+				rewrite(s)
+				reply, _ = json.Marshal(s)
+			}
 		}
 		w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
 		w.WriteHeader(resp.StatusCode)

@@ -1,12 +1,9 @@
 package caddymodule
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -81,43 +78,14 @@ func TestHeldRemotePaymentServedAfterRemoteSignerChange(t *testing.T) {
 func testStaleSigners(t *testing.T, warm bool) {
 	d, fac := sharedDevnet(t)
 	oldSigner := evmfacilitator.DevAccounts()[8].Address.Hex()
-	var rotated, sendAndLose atomic.Bool
-	remote := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		if r.URL.Path == "/settle" && !sendAndLose.Load() {
-			// P1: refused before anything was sent, outcome unknown (held).
-			var req struct {
-				PaymentPayload x402.PaymentPayload `json:"paymentPayload"`
-			}
-			json.Unmarshal(body, &req)
-			json.NewEncoder(w).Encode(map[string]any{"success": false, "errorReason": x402.ReasonExactEVMTransactionFailed,
-				"errorMessage": "execution reverted", "transaction": "", "network": req.PaymentPayload.Accepted.Network})
-			return
-		}
-		req, _ := http.NewRequest(r.Method, fac+r.URL.Path, bytes.NewReader(body))
-		req.Header = r.Header.Clone()
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			http.Error(w, "unreachable", http.StatusBadGateway)
-			return
-		}
-		defer resp.Body.Close()
-		raw, _ := io.ReadAll(resp.Body)
-		if r.URL.Path == "/settle" {
-			http.Error(w, "bad gateway", http.StatusBadGateway) // P2: sent, reply lost
-			return
-		}
-		if r.URL.Path == "/supported" && !rotated.Load() {
-			var s map[string]any
-			json.Unmarshal(raw, &s)
+	var rotated atomic.Bool
+	// P1 is refused before anything is sent (held); P2 is sent, its reply
+	// lost.
+	remote := newLossyProxy(t, fac, "refuse", func(s map[string]any) {
+		if !rotated.Load() {
 			s["signers"] = map[string][]string{"eip155:*": {oldSigner}} // before the rotation
-			raw, _ = json.Marshal(s)
 		}
-		w.WriteHeader(resp.StatusCode)
-		w.Write(raw)
-	}))
-	t.Cleanup(remote.Close)
+	})
 	up := newUpstream(t)
 	base := startCaddy(t, fmt.Sprintf(`:{port} {
 	route /verify/schema {
@@ -144,7 +112,7 @@ func testStaleSigners(t *testing.T, warm bool) {
 	}
 	// The remote rotates its relayer to the one it now sends from.
 	rotated.Store(true)
-	sendAndLose.Store(true)
+	remote.mode.Store("lose_reply")
 	buyer := 2
 	if warm {
 		buyer = 4
