@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/x402"
 )
@@ -185,6 +187,70 @@ func TestRemoteHeldPaymentSettledByAnotherFacilitatorIsNotServed(t *testing.T) {
 				t.Fatalf("retry at the gate of a remote without signers: %d, upstream ran %d more: %.300s; want it served", resp.StatusCode, up.calls.Load()-calls, b)
 			}
 		})
+	}
+}
+
+// A remote's held payment keeps the remote's signers with its record.
+// Another resource server's facilitator then settles it, and the gate
+// restarts while the remote's GET /supported does not answer: the
+// signers recorded judge the transfer, sent by an address they do not
+// list, and the sender cannot be asked about, so the payment stays
+// settlement_pending, nothing served; once /supported answers again it is
+// settled by another settlement, 402. (Before: with no signers known
+// after the restart every sender counted, and the other facilitator's
+// transfer was served as the gate's own.)
+func TestHeldRemotePaymentKeepsItsSignersWhileTheRemoteIsDown(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	remote := newLossyProxy(t, fac, "refuse")
+	up := newUpstream(t)
+	site := fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.01 %[3]s
+			facilitator http {
+				url %[2]s
+				rpc devnet %[4]s
+			}
+			store badger %[5]s
+			public_base_url https://gateway.test
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), remote.URL, payTo.Hex(), d.RPCURL(), filepath.Join(t.TempDir(), "gate"))
+	url := startCaddy(t, site) + "/verify/schema"
+	const buyer = 6
+	payer := evmfacilitator.DevAccounts()[buyer].Address
+	before := balance(t, d, payer)
+	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), buyer)
+	var pl x402.PaymentPayload
+	if err := x402.DecodeHeader(sig, &pl); err != nil {
+		t.Fatal(err)
+	}
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if e := readJSON(t, resp); resp.StatusCode != http.StatusServiceUnavailable || e["code"] != x402.ReasonSettlementPending {
+		t.Fatalf("first try: %d %v", resp.StatusCode, e)
+	}
+	if sr, err := otherFacilitator(t, d).Settle(t.Context(), pl, pl.Accepted); err != nil || !sr.Success {
+		t.Fatalf("the other facilitator's settle: %+v %v", sr, err)
+	}
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	remote.supportedDown.Store(true)
+	url = startCaddy(t, site) + "/verify/schema"
+	calls := up.calls.Load()
+	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if e := readJSON(t, resp); resp.StatusCode != http.StatusServiceUnavailable || e["code"] != x402.ReasonSettlementPending {
+		t.Fatalf("retry after the restart, /supported down: %d %v; want 503 %s", resp.StatusCode, e, x402.ReasonSettlementPending)
+	}
+	remote.supportedDown.Store(false)
+	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if e := readJSON(t, resp); resp.StatusCode != http.StatusPaymentRequired || !strings.Contains(fmt.Sprint(e), x402.ReasonDuplicateSettlement) {
+		t.Fatalf("retry once /supported answers: %d %v; want 402 %s", resp.StatusCode, e, x402.ReasonDuplicateSettlement)
+	}
+	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(10000)) != 0 || up.calls.Load() != calls {
+		t.Fatalf("charged %v, upstream ran %d more; want one payment (10000) and nothing served", got, up.calls.Load()-calls)
 	}
 }
 

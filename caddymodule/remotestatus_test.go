@@ -33,13 +33,14 @@ import (
 // was sent: success false, invalid_exact_evm_transaction_failed,
 // transaction "" (the outcome unknown to the gate, nothing sent). Every
 // other call is forwarded unchanged, /supported's answer through supported
-// when given, and so is /settle once pass is set (the path healed). The
-// mode may be changed while it runs.
+// when given (a 503 while supportedDown is set), and so is /settle once
+// pass is set (the path healed). The mode may be changed while it runs.
 type lossyProxy struct {
 	*httptest.Server
-	settles atomic.Int64 // /settle calls forwarded
-	pass    atomic.Bool
-	mode    atomic.Value // string
+	settles       atomic.Int64 // /settle calls forwarded
+	pass          atomic.Bool
+	mode          atomic.Value // string
+	supportedDown atomic.Bool
 }
 
 func newLossyProxy(t *testing.T, facURL, mode string, supported ...func(map[string]any)) *lossyProxy {
@@ -56,6 +57,9 @@ func newLossyProxy(t *testing.T, facURL, mode string, supported ...func(map[stri
 		}
 		settle := strings.HasSuffix(r.URL.Path, "/settle") && !p.pass.Load()
 		switch mode := p.mode.Load(); {
+		case strings.HasSuffix(r.URL.Path, "/supported") && p.supportedDown.Load():
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
 		case settle && mode == "lose_request":
 			drop()
 			return

@@ -74,6 +74,19 @@ func TestStatusOfATransferSentByAnotherIsSettledElsewhere(t *testing.T) {
 	if st, err := reader.SentSettlementStatusBy(ctx, p, req, after, down); !errors.As(err, &unknown) || st.State != x402.SettlementUndecided {
 		t.Fatalf("signers that cannot be asked again: %+v, %v; want an unknown outcome", st, err)
 	}
+	// Signers not known now (a remote that cannot be read since a
+	// restart) leave those recorded with the attempt to judge by, and the
+	// sender is asked about again. (Before: all senders counted, and the
+	// other facilitator's transfer was served as the gate's own.)
+	recordedOurs := after
+	recordedOurs.Signers = []string{e.f.Relayer().Hex()}
+	unread := Signers{Again: down.Again}
+	if st, err := reader.SentSettlementStatusBy(ctx, p, req, recordedOurs, unread); !errors.As(err, &unknown) || st.State != x402.SettlementUndecided {
+		t.Fatalf("signers not known now and that cannot be asked again, others recorded: %+v, %v; want an unknown outcome", st, err)
+	}
+	if st, err := reader.SentSettlementStatusBy(ctx, p, req, recordedOurs, Signers{Again: listsNow(e.f.Relayer())}); err != nil || st != elsewhere {
+		t.Fatalf("signers not known now, others recorded and listed again: %+v, %v; want %+v", st, err, elsewhere)
+	}
 	recorded := after
 	recorded.Signers = []string{strings.ToLower(theirSigner.Hex())}
 	for name, c := range map[string]struct {

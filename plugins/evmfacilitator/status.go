@@ -148,17 +148,20 @@ func (f *Facilitator) SentSettlementStatusBy(ctx context.Context, p x402.Payment
 // ownTransfer is st, a transfer that happened, as the status of the
 // settlement sent asked about: its own (st) when its transaction is the
 // one the settling facilitator named (sent.Transaction) or was sent from
-// one of its signers: those it has now (signers.Known; all count when
-// nil), those it had when the attempt was made (sent.Signers: a relayer
-// key changed since, or a multi's members reordered, sends no more from
-// the one that sent it), or, for a sender in neither, those it lists
-// when asked again (signers.Again); otherwise another settlement's
-// (settledElsewhere). The sender is recovered from the transaction's
-// signature, read by its hash; a transaction that cannot be read, or
-// signers that cannot be asked again, leave the outcome unknown (an
-// error), as the settlement may be the asker's.
+// one of its signers: those it has now (signers.Known), those it had when
+// the attempt was made (sent.Signers: a relayer key changed since, or a
+// multi's members reordered, sends no more from the one that sent it),
+// or, for a sender in neither, those it lists when asked again
+// (signers.Again); otherwise another settlement's (settledElsewhere).
+// All senders count only when neither list names any (a facilitator
+// that publishes no signers, then or now): signers not known now (a
+// remote that cannot be read since a restart) leave the recorded ones to
+// judge by. The sender is recovered from the transaction's signature,
+// read by its hash; a transaction that cannot be read, or signers that
+// cannot be asked again, leave the outcome unknown (an error), as the
+// settlement may be the asker's.
 func (f *Facilitator) ownTransfer(ctx context.Context, st x402.SettlementStatus, sent x402.SentSettlement, signers Signers) (x402.SettlementStatus, error) {
-	if signers.Known == nil || strings.EqualFold(st.Transaction, sent.Transaction) {
+	if signers.Known == nil && len(sent.Signers) == 0 || strings.EqualFold(st.Transaction, sent.Transaction) {
 		return st, nil
 	}
 	from, ok := f.senders.get(common.HexToHash(st.Transaction))
