@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/x402"
@@ -309,5 +311,39 @@ func TestMultiHeldPaymentSentByTheRemoteMemberIsServed(t *testing.T) {
 	}
 	if got := charged(t, d, payer, before); got.Cmp(big.NewInt(10000)) != 0 {
 		t.Fatalf("charged %v in all, want 10000", got)
+	}
+}
+
+// A remote's /supported that lists more than maxSigners signers under a
+// key is taken as listing none, with a warning: a list of up to 1 MiB of
+// addresses cost a quadratic deduplication on every status read of a held
+// payment, and a megabyte in its record. Up to the bound every address is
+// read, once each.
+func TestSignersListedPastTheBoundAreNotRead(t *testing.T) {
+	const network = "eip155:1337"
+	for _, c := range []struct {
+		key    string
+		listed int
+		want   int
+	}{{"eip155:*", maxSigners, maxSigners}, {network, maxSigners, maxSigners}, {"eip155:*", maxSigners + 1, 0}, {network, maxSigners + 1, 0}} {
+		list := []string{}
+		for i := range c.listed {
+			list = append(list, fmt.Sprintf("0x%040x", i+1))
+		}
+		if c.listed > 1 {
+			list[1] = list[0] // a duplicate counts once
+			c.want--
+		}
+		body, _ := json.Marshal(map[string]any{"kinds": []any{}, "extensions": []any{}, "signers": map[string][]string{c.key: list}})
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(body) }))
+		core, logs := observer.New(zap.WarnLevel)
+		m := &HTTPFacilitator{f: x402.NewHTTPFacilitator(x402.HTTPFacilitatorConfig{URL: srv.URL, Timeout: 5 * time.Second}),
+			status: remoteStatus{signers: &remoteSigners{}}, logger: zap.New(core)}
+		got := m.evmSigners(context.Background(), network)
+		srv.Close()
+		warned := logs.FilterMessageSnippet("lists more signers than the gate reads").Len() > 0
+		if len(got) != max(c.want, 0) || warned != (c.listed > maxSigners) {
+			t.Errorf("%d signers listed under %s: %d read, warned %v; want %d", c.listed, c.key, len(got), warned, max(c.want, 0))
+		}
 	}
 }

@@ -129,6 +129,13 @@ func (m *HTTPFacilitator) askSigners(ctx context.Context) (x402.SupportedRespons
 	if err != nil {
 		m.logger.Warn("reading the facilitator's signers (GET /supported) to judge a settlement's transaction", zap.Error(err))
 	}
+	for key, list := range got.Signers {
+		if len(list) > maxSigners {
+			m.logger.Warn("the facilitator's GET /supported lists more signers than the gate reads: taken as listing none, so a transfer of a held payment counts as the facilitator's whoever sent it",
+				zap.String("signers", key), zap.Int("listed", len(list)), zap.Int("max", maxSigners))
+			break
+		}
+	}
 	return got, err
 }
 
@@ -146,12 +153,26 @@ func (m *HTTPFacilitator) signers(ctx context.Context, network string) evmfacili
 	}}
 }
 
+// maxSigners bounds the signers a facilitator's /supported may list under
+// one key ("eip155:*", a network): a
+// facilitator sends from a few relayers, and the list is read on every
+// status read of a held payment and kept with its record. A longer list
+// (up to 1 MiB of addresses, some 23,000) cost a quadratic deduplication
+// of CPU on every read and a megabyte per held record; it is taken as
+// listing none (evmSignersOf), with a warning (askSigners).
+const maxSigners = 64
+
 // evmSignersOf is the one reading of the EVM signers of a /supported
 // answer for network: the addresses listed under "eip155:*" and under the
-// network itself; nil when it lists none.
+// network itself; nil when it lists none, or more than maxSigners under
+// either.
 func evmSignersOf(s x402.SupportedResponse, network string) []common.Address {
+	keys := []string{"eip155:*", network}
+	if len(s.Signers[keys[0]]) > maxSigners || len(s.Signers[keys[1]]) > maxSigners {
+		return nil
+	}
 	var out []common.Address
-	for _, key := range []string{"eip155:*", network} {
+	for _, key := range keys {
 		for _, a := range s.Signers[key] {
 			if common.IsHexAddress(a) && !slices.Contains(out, common.HexToAddress(a)) {
 				out = append(out, common.HexToAddress(a))
