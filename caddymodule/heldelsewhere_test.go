@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/ethereum/go-ethereum/common"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -102,6 +103,33 @@ func otherFacilitator(t *testing.T, d *evmfacilitator.Devnet) *evmfacilitator.Fa
 	return m
 }
 
+// heldBuyer is a devnet buyer's payment whose first try the gate held
+// (503 settlement_pending): its signature and payload, and the payer's
+// balance before it.
+type heldBuyer struct {
+	sig    string
+	pl     x402.PaymentPayload
+	payer  common.Address
+	before *big.Int
+}
+
+// holdBuyer signs buyer's payment for url's offer and sends it once,
+// which the gate must hold.
+func holdBuyer(t *testing.T, d *evmfacilitator.Devnet, url string, buyer int) heldBuyer {
+	t.Helper()
+	h := heldBuyer{payer: evmfacilitator.DevAccounts()[buyer].Address}
+	h.before = balance(t, d, h.payer)
+	h.sig = signFor(t, paymentRequired(t, post(t, url, "", nil)), buyer)
+	if err := x402.DecodeHeader(h.sig, &h.pl); err != nil {
+		t.Fatal(err)
+	}
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: h.sig})
+	if e := readJSON(t, resp); resp.StatusCode != http.StatusServiceUnavailable || e["code"] != x402.ReasonSettlementPending {
+		t.Fatalf("first try: %d %v; want 503 %s", resp.StatusCode, e, x402.ReasonSettlementPending)
+	}
+	return h
+}
+
 // The same through the remote path: the gate's facilitator is a remote
 // one (facilitator http, with the gate's own rpc for status reads)
 // answering /settle as the official npm facilitator does for a gas
@@ -142,18 +170,8 @@ func TestRemoteHeldPaymentSettledByAnotherFacilitatorIsNotServed(t *testing.T) {
 }
 `, strings.TrimPrefix(up.URL, "http://"), remote, payTo.Hex(), d.RPCURL()))
 			url := base + "/verify/schema"
-			buyer := 4 + i
-			payer := evmfacilitator.DevAccounts()[buyer].Address
-			before := balance(t, d, payer)
-			sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), buyer)
-			var pl x402.PaymentPayload
-			if err := x402.DecodeHeader(sig, &pl); err != nil {
-				t.Fatal(err)
-			}
-			resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
-			if e := readJSON(t, resp); resp.StatusCode != http.StatusServiceUnavailable || e["code"] != x402.ReasonSettlementPending {
-				t.Fatalf("first try: %d %v", resp.StatusCode, e)
-			}
+			h := holdBuyer(t, d, url, 4+i)
+			payer, before, sig, pl := h.payer, h.before, h.sig, h.pl
 			// The official middleware: /verify then /settle at its facilitator.
 			call := func(path string, out any) {
 				b, _ := json.Marshal(map[string]any{"x402Version": 2, "paymentPayload": pl, "paymentRequirements": pl.Accepted})
@@ -175,7 +193,7 @@ func TestRemoteHeldPaymentSettledByAnotherFacilitatorIsNotServed(t *testing.T) {
 				t.Fatalf("middleware /settle: %+v", sr)
 			}
 			calls := up.calls.Load()
-			resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+			resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
 			b, _ := io.ReadAll(resp.Body)
 			if got := charged(t, d, payer, before); got.Cmp(big.NewInt(10000)) != 0 {
 				t.Fatalf("payer charged %v, want one payment, 10000", got)
@@ -221,18 +239,8 @@ func TestHeldRemotePaymentKeepsItsSignersWhileTheRemoteIsDown(t *testing.T) {
 }
 `, strings.TrimPrefix(up.URL, "http://"), remote.URL, payTo.Hex(), d.RPCURL(), filepath.Join(t.TempDir(), "gate"))
 	url := startCaddy(t, site) + "/verify/schema"
-	const buyer = 6
-	payer := evmfacilitator.DevAccounts()[buyer].Address
-	before := balance(t, d, payer)
-	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), buyer)
-	var pl x402.PaymentPayload
-	if err := x402.DecodeHeader(sig, &pl); err != nil {
-		t.Fatal(err)
-	}
-	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
-	if e := readJSON(t, resp); resp.StatusCode != http.StatusServiceUnavailable || e["code"] != x402.ReasonSettlementPending {
-		t.Fatalf("first try: %d %v", resp.StatusCode, e)
-	}
+	h := holdBuyer(t, d, url, 6)
+	payer, before, sig, pl := h.payer, h.before, h.sig, h.pl
 	if sr, err := otherFacilitator(t, d).Settle(t.Context(), pl, pl.Accepted); err != nil || !sr.Success {
 		t.Fatalf("the other facilitator's settle: %+v %v", sr, err)
 	}
@@ -242,7 +250,7 @@ func TestHeldRemotePaymentKeepsItsSignersWhileTheRemoteIsDown(t *testing.T) {
 	remote.supportedDown.Store(true)
 	url = startCaddy(t, site) + "/verify/schema"
 	calls := up.calls.Load()
-	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
 	if e := readJSON(t, resp); resp.StatusCode != http.StatusServiceUnavailable || e["code"] != x402.ReasonSettlementPending {
 		t.Fatalf("retry after the restart, /supported down: %d %v; want 503 %s", resp.StatusCode, e, x402.ReasonSettlementPending)
 	}
@@ -296,15 +304,9 @@ func TestMultiHeldPaymentSentByTheRemoteMemberIsServed(t *testing.T) {
 }
 `, strings.TrimPrefix(up.URL, "http://"), remote.URL, payTo.Hex(), d.RPCURL(), evmfacilitator.DevAccounts()[7].PrivateKeyHex, filepath.Join(t.TempDir(), "gate")))
 	url := base + "/verify/schema"
-	const buyer = 6
-	payer := evmfacilitator.DevAccounts()[buyer].Address
-	before := balance(t, d, payer)
-	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), buyer)
+	h := holdBuyer(t, d, url, 6)
+	payer, before, sig := h.payer, h.before, h.sig
 	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
-	if e := readJSON(t, resp); resp.StatusCode != http.StatusServiceUnavailable || e["code"] != x402.ReasonSettlementPending {
-		t.Fatalf("first try: %d %v", resp.StatusCode, e)
-	}
-	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("the charged buyer's retry: %d %.300s; want the paid answer", resp.StatusCode, b)
