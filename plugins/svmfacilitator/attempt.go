@@ -28,6 +28,16 @@ import (
 // clock and the gateway's cancels: the transaction's age on the chain's
 // own clock (the Clock sysvar now, less the blockTime of its block)
 // against the attempt's on the gateway's (now less when it began).
+//
+// "Now" on the chain's clock is the Clock of the bank that answers, and a
+// node of a pool behind the tip answers with a clock as far behind: the
+// transaction looks younger by the node's lag, and a replay past
+// AttemptMargin would be read as its own. So the Clock is read from a
+// confirmed bank no older than the one a node names as its confirmed
+// tip just before (getSlot), nor than the newest confirmed bank any reply
+// has shown (RPC.seen); an older bank's answer is an error, and the
+// outcome stays undecided. A lag remains possible only when every node
+// asked, these two included, lags alike.
 
 // AttemptMargin is how much older than the attempt a landed transaction
 // may be and still be the attempt's own. Block times are whole seconds
@@ -60,8 +70,9 @@ type landing struct {
 //     written before records kept their attempt's start, which its gate
 //     served by the landing alone; undecided it would be held until its
 //     claim lapsed, its buyer charged and never served;
-//   - an error when either time cannot be read: the outcome stays
-//     undecided, never settled.
+//   - an error when either time cannot be read, or the chain's clock
+//     only from a bank behind the tip: the outcome stays undecided, never
+//     settled.
 func (f *Facilitator) attributed(ctx context.Context, sig string, landed *landing, began time.Time) (x402.SettlementStatus, error) {
 	var out x402.SettlementStatus
 	if began.IsZero() {
@@ -80,7 +91,10 @@ func (f *Facilitator) attributed(ctx context.Context, sig string, landed *landin
 	if landed.blockTime == nil {
 		return out, fmt.Errorf("solana rpc: no block time for transaction %s: whose settlement it is cannot be told", sig)
 	}
-	chainNow, _, err := f.rpc.ChainTime(ctx, landed.slot)
+	if _, err := f.rpc.Slot(ctx, confirmed); err != nil {
+		return out, err
+	}
+	chainNow, _, err := f.rpc.ChainTime(ctx, max(landed.slot, f.rpc.seenAt(confirmed)))
 	if err != nil {
 		return out, err
 	}

@@ -24,9 +24,10 @@ type RPC struct {
 	Timeout time.Duration // per call; default 10s
 	id      atomic.Int64
 	// seen holds the newest processed and confirmed banks' slots any
-	// reply has shown: a judgement of expiry asks a bank no older
-	// (blockhashExpired), so one node of a pool behind another that
-	// answered cannot make it.
+	// reply has shown: a judgement of expiry (blockhashExpired) and a
+	// reading of the chain's clock (attributed) ask a bank no older, so
+	// one node of a pool behind another that answered cannot make them.
+	// It only rises, and is kept per RPC: the node or pool behind one URL.
 	seen [2]atomic.Uint64
 }
 
@@ -409,15 +410,17 @@ func (c *RPC) BlockhashValidAt(ctx context.Context, blockhash string, level int,
 	return out.Value, out.Context.Slot, nil
 }
 
-// Slot returns the slot of the node's processed bank, and records it as
-// seen: the floor of a judgement that has asked the node nothing else
-// with a slot yet (search).
-func (c *RPC) Slot(ctx context.Context) (uint64, error) {
+// Slot returns the slot of the node's bank at commitment level
+// (processed or confirmed), and records it as seen: the floor of a
+// judgement that has asked the node nothing else with a slot yet (search),
+// or that must not take an older bank's word than the tip's now
+// (attributed).
+func (c *RPC) Slot(ctx context.Context, level int) (uint64, error) {
 	var slot uint64
-	if err := c.call(ctx, "getSlot", []any{map[string]any{"commitment": "processed"}}, &slot); err != nil {
+	if err := c.call(ctx, "getSlot", []any{map[string]any{"commitment": commitments[level]}}, &slot); err != nil {
 		return 0, err
 	}
-	c.saw(processed, slot)
+	c.saw(level, slot)
 	return slot, nil
 }
 
@@ -428,8 +431,8 @@ const ClockSysvar = "SysvarC1ock11111111111111111111111111111111"
 // ChainTime returns the unix time (seconds) of the chain's own clock, the
 // Clock sysvar's unix_timestamp as the confirmed bank at minSlot or later
 // holds it (the clock a block's blockTime is read from), and that bank's
-// slot. A bank older than minSlot is an error (the node's -32016, or a
-// behindError).
+// slot, which it records as seen. A bank older than minSlot is an error
+// (the node's -32016, or a behindError).
 func (c *RPC) ChainTime(ctx context.Context, minSlot uint64) (unix int64, slot uint64, err error) {
 	var out struct {
 		Context rpcContext `json:"context"`
@@ -452,6 +455,7 @@ func (c *RPC) ChainTime(ctx context.Context, minSlot uint64) (unix int64, slot u
 	if err != nil || len(raw) != 40 {
 		return 0, 0, errors.New("solana rpc getAccountInfo: the Clock sysvar is not 40 bytes of base64")
 	}
+	c.saw(confirmed, out.Context.Slot)
 	// slot, epoch_start_timestamp, epoch, leader_schedule_epoch, then
 	// unix_timestamp, each 8 bytes little-endian.
 	return int64(binary.LittleEndian.Uint64(raw[32:])), out.Context.Slot, nil

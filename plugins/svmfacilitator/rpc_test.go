@@ -76,7 +76,7 @@ func TestRPCErrorsNameTheEndpointByHostOnly(t *testing.T) {
 	l.Close() // nothing listens: the call fails at once
 	const key = "SECRETPATHKEY0123456789"
 	for _, u := range []string{"http://" + host + "/v2/" + key, "http://" + host + "/?api-key=" + key} {
-		_, err := (&RPC{URL: u, Timeout: time.Second}).Slot(context.Background())
+		_, err := (&RPC{URL: u, Timeout: time.Second}).Slot(context.Background(), processed)
 		if err == nil || strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), "http://"+host) {
 			t.Errorf("a failed call to %s: %v; want an error naming http://%s alone", u, err, host)
 		}

@@ -197,7 +197,7 @@ func (f *Facilitator) search(ctx context.Context, tx *Transaction, after time.Ti
 		}
 		// The listing carries no slot: the tip's is the floor of the
 		// judgement (blockhashExpired).
-		if _, err := f.rpc.Slot(ctx); err != nil {
+		if _, err := f.rpc.Slot(ctx, processed); err != nil {
 			return polled{}, "", err
 		}
 		expired, at, err := f.blockhashExpired(ctx, base58.Encode(tx.Blockhash[:]), 0)
