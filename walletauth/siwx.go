@@ -225,6 +225,8 @@ type SIWXExpect struct {
 	// query (SIWXChallenge), and a proof is a bearer credential, so one
 	// signed for one resource must not act as its wallet on another.
 	Path string
+	// NonceSpent is Expect.NonceSpent.
+	NonceSpent bool
 }
 
 // VerifySIWX parses a SIGN-IN-WITH-X value and checks it by the extension's
@@ -279,7 +281,7 @@ func (v *Verifier) VerifySIWXProof(ctx context.Context, s *SIWX, want SIWXExpect
 		}
 	}
 	if IsSolanaChain(s.ChainID) {
-		if err := v.verifySolana(ctx, h, s.Message(), s.Address, s.Signature, s.Nonce, until); err != nil {
+		if err := v.verifySolana(ctx, h, s.Message(), s.Address, s.Signature, s.Nonce, until, want.NonceSpent); err != nil {
 			return Proof{}, err
 		}
 		return Proof{Account: s.Address, ChainID: s.ChainID, Expires: until}, nil
@@ -290,7 +292,7 @@ func (v *Verifier) VerifySIWXProof(ctx context.Context, s *SIWX, want SIWXExpect
 	if err != nil {
 		return Proof{}, err
 	}
-	if err := v.claimNonce(ctx, h, addr, s.Nonce, until); err != nil {
+	if err := v.claimNonce(ctx, h, addr, s.Nonce, until, want.NonceSpent); err != nil {
 		return Proof{}, err
 	}
 	return Proof{Address: addr, ChainID: s.ChainID, Contract: contract, Expires: until}, nil

@@ -83,8 +83,8 @@ func solanaText(m *siwe) string {
 }
 
 // verifySolana checks an ed25519 proof by address over text, then claims
-// (address, nonce) until until, as the EVM proofs do.
-func (v *Verifier) verifySolana(ctx context.Context, header, text, address, signature, nonce string, until time.Time) error {
+// (address, nonce) until until unless spent, as the EVM proofs do.
+func (v *Verifier) verifySolana(ctx context.Context, header, text, address, signature, nonce string, until time.Time, spent bool) error {
 	key, err := solanaKey(header, address)
 	if err != nil {
 		return err
@@ -97,7 +97,7 @@ func (v *Verifier) verifySolana(ctx context.Context, header, text, address, sign
 		return refuse(ErrBadSignature, header, "signature", "is not a signature of this message by the address", "Sign the CAIP-122 text of exactly these fields with the Solana wallet (signMessage).")
 	}
 	// Base58 is case-sensitive: the address is the key as given.
-	return v.claimNonceKey(ctx, header, nonceKey("solana/"+address, nonce), until)
+	return v.claimNonceKey(ctx, header, nonceKey("solana/"+address, nonce), until, spent)
 }
 
 // SignSolana sets Address from key, checks the envelope and sets Signature

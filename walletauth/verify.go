@@ -91,6 +91,12 @@ type Expect struct {
 	// proof's is: the decoded path would make /a%2Fb and /a/b, which a
 	// server may route as different resources, one.
 	Path string
+	// NonceSpent checks the proof in every other way but leaves its nonce
+	// unclaimed: set it only when this same proof was already verified,
+	// its nonce claimed, for this very request (a gateway's second check of
+	// a request's proof under other settings). Never from anything the
+	// client sent: it turns replay protection off for the check.
+	NonceSpent bool
 }
 
 // Proof is what a verified proof establishes.
@@ -205,7 +211,7 @@ func (v *Verifier) VerifyEnvelope(ctx context.Context, e *Envelope, want Expect)
 		return Proof{}, refuse(ErrExpired, h, "expiration_time", "is in the past", "Sign a fresh proof for each request.")
 	}
 	if IsSolanaChain(e.ChainID) {
-		if err := v.verifySolana(ctx, h, e.Message(), e.Address, e.Signature, e.Nonce, expires); err != nil {
+		if err := v.verifySolana(ctx, h, e.Message(), e.Address, e.Signature, e.Nonce, expires, want.NonceSpent); err != nil {
 			return Proof{}, err
 		}
 		return Proof{Account: e.Address, AgentID: e.AgentID, ChainID: e.ChainID, Expires: expires}, nil
@@ -216,7 +222,7 @@ func (v *Verifier) VerifyEnvelope(ctx context.Context, e *Envelope, want Expect)
 	if err != nil {
 		return Proof{}, err
 	}
-	if err := v.claimNonce(ctx, h, addr, e.Nonce, expires); err != nil {
+	if err := v.claimNonce(ctx, h, addr, e.Nonce, expires, want.NonceSpent); err != nil {
 		return Proof{}, err
 	}
 	return Proof{Address: addr, AgentID: e.AgentID, ChainID: e.ChainID, Contract: contract, Expires: expires}, nil
@@ -383,14 +389,16 @@ func refusedByWallet(err error) bool {
 // "siwx/nonce/…" claims simply lapse (within SIWXMaxAge).
 func nonceKey(wallet, nonce string) string { return "wallet-auth/nonce/" + wallet + "/" + nonce }
 
-// claimNonce makes (address, nonce) single-use until until.
-func (v *Verifier) claimNonce(ctx context.Context, header string, addr common.Address, nonce string, until time.Time) error {
-	return v.claimNonceKey(ctx, header, nonceKey(strings.ToLower(addr.Hex()), nonce), until)
+// claimNonce makes (address, nonce) single-use until until, unless spent
+// (Expect.NonceSpent).
+func (v *Verifier) claimNonce(ctx context.Context, header string, addr common.Address, nonce string, until time.Time, spent bool) error {
+	return v.claimNonceKey(ctx, header, nonceKey(strings.ToLower(addr.Hex()), nonce), until, spent)
 }
 
-// claimNonceKey makes key single-use until until.
-func (v *Verifier) claimNonceKey(ctx context.Context, header, key string, until time.Time) error {
-	if v.Nonces == nil {
+// claimNonceKey makes key single-use until until, unless spent
+// (Expect.NonceSpent).
+func (v *Verifier) claimNonceKey(ctx context.Context, header, key string, until time.Time, spent bool) error {
+	if v.Nonces == nil || spent {
 		return nil
 	}
 	_, err := v.Nonces.Claim(ctx, []string{key}, until)

@@ -192,6 +192,41 @@ func TestAValidProofIsAccepted(t *testing.T) {
 	}
 }
 
+// TestASpentNonceIsCheckedNotClaimed: with Expect.NonceSpent a proof
+// whose nonce the caller already claimed for this request passes every
+// other check again, and the check claims nothing: a second check by other
+// settings (a gateway's nested wallet_auth) neither refuses the proof as a
+// replay nor accepts what those settings refuse.
+func TestASpentNonceIsCheckedNotClaimed(t *testing.T) {
+	db := newDB(t)
+	v := &Verifier{Nonces: db.Claims(), Now: clock(t0.Add(time.Minute))}
+	spent := want
+	spent.NonceSpent = true
+	h := signed(t, envelope(t), testKey)
+	if _, err := v.Verify(context.Background(), h, want); err != nil {
+		t.Fatalf("verify: %v", err)
+	}
+	if _, err := v.Verify(context.Background(), h, spent); err != nil {
+		t.Fatalf("checked again with its nonce spent: %v", err)
+	}
+	other := &Verifier{Nonces: db.Claims(), Now: v.Now, Domains: []string{"other.example"}}
+	if _, err := other.Verify(context.Background(), h, spent); !errors.Is(err, ErrWrongRequest) {
+		t.Fatalf("checked again by settings that refuse its domain: %v, want ErrWrongRequest", err)
+	}
+	// Checking with the nonce spent claims nothing: the proof's own
+	// first check still claims it, once.
+	fresh := signed(t, envelope(t), otherKey)
+	if _, err := v.Verify(context.Background(), fresh, spent); err != nil {
+		t.Fatalf("verify with the nonce spent: %v", err)
+	}
+	if _, err := v.Verify(context.Background(), fresh, want); err != nil {
+		t.Fatalf("the first claim after a check with the nonce spent: %v", err)
+	}
+	if _, err := v.Verify(context.Background(), fresh, want); !errors.Is(err, ErrReplayed) {
+		t.Fatalf("replay: %v, want ErrReplayed", err)
+	}
+}
+
 func TestRefusals(t *testing.T) {
 	at := t0.Add(time.Minute)
 	cases := []struct {
