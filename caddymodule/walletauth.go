@@ -68,6 +68,16 @@ const (
 // A malformed, expired, replayed or wrongly signed proof is always refused
 // with 401 in the service's error shape, in either mode; a missing one is
 // refused only in mode required.
+//
+// Several wallet_auth on one request (a site-wide one and a route's own)
+// each judge the request's proofs by their own settings, as if each were
+// alone, except that a proof an earlier one verified has its nonce spent
+// already: a later one checks it again (its domains, max_lifetime,
+// chain_rpc, siwx) without claiming the nonce, so it accepts no proof it
+// would refuse alone, and refuses none for being sent once. A later one
+// that finds no proof it reads keeps what an earlier one proved (the
+// upstream headers, the placeholders), and one without siwx keeps the
+// paid access an earlier one found.
 type WalletAuth struct {
 	// Mode is "required" (default: a request without a valid proof is
 	// refused) or "optional" (a request without any proof passes without a
@@ -245,9 +255,14 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	}
 	defer wa.uses.Leave()
 	h := r.Header
-	clearWalletHeaders(h)
+	// A wallet an earlier wallet_auth proved on this request stands, its
+	// headers and placeholders with it, unless this one proves it again.
+	earlier := caddyhttp.GetVar(r.Context(), varWalletProven) != nil
+	if !earlier {
+		clearWalletHeaders(h)
+	}
 	creds := setAsideClientCredentials(r)
-	auth, siwx := creds.takeProofs()
+	auth, siwx := creds.proofs(wa.SIWX)
 	if isPreflight(r) {
 		// A CORS preflight cannot carry a proof. Where one is required,
 		// it is answered here: anyone can make an OPTIONS look like a
@@ -297,18 +312,20 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 
 	var proof *walletauth.Proof
 	if len(auth) == 1 {
-		p, err := wa.verifier.Verify(ctx, auth[0], walletauth.Expect{Method: method, Path: escaped})
+		p, err := wa.verifier.Verify(ctx, auth[0], walletauth.Expect{Method: method, Path: escaped, NonceSpent: creds.authSpent})
 		if err != nil {
 			return wa.refuse(w, r, err)
 		}
+		creds.authSpent = true
 		proof = &p
 	}
 	paidAccess := false
 	if wa.SIWX && len(siwx) == 1 {
-		p, err := wa.verifier.VerifySIWX(ctx, siwx[0], walletauth.SIWXExpect{Path: escaped})
+		p, err := wa.verifier.VerifySIWX(ctx, siwx[0], walletauth.SIWXExpect{Path: escaped, NonceSpent: creds.siwxSpent})
 		if err != nil {
 			return wa.refuse(w, r, err)
 		}
+		creds.siwxSpent = true
 		if proof != nil && proof.Wallet() != p.Wallet() {
 			return wa.refuse(w, r, &walletauth.Error{Kind: walletauth.ErrWrongRequest, Header: walletauth.SIWXHeaderName, Field: "address",
 				Problem: "is not the wallet of X-Wallet-Auth", Fix: "Prove one wallet per request."})
@@ -325,7 +342,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		return wa.refuse(w, r, &walletauth.Error{Kind: walletauth.ErrMissing, Header: walletauth.HeaderName,
 			Problem: "is missing", Fix: "Sign an X-Wallet-Auth proof for this request (for example with `aov wallet-auth`)."})
 	}
-	if proof == nil && repl != nil {
+	if proof == nil && !earlier && repl != nil {
 		// Known but empty, so configs and logs read "" rather than the
 		// placeholder's name.
 		for _, k := range []string{WalletPlaceholder, WalletAgentPlaceholder, WalletChainPlaceholder, WalletPaidAccessPlaceholder} {
@@ -339,11 +356,13 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 			repl.Set(WalletAgentPlaceholder, proof.AgentID)
 			repl.Set(WalletChainPlaceholder, proof.ChainID)
 			repl.Set(userIDPlaceholder, addr)
-			paid := ""
-			if paidAccess {
-				paid = "true"
+			if wa.SIWX || !earlier {
+				paid := ""
+				if paidAccess {
+					paid = "true"
+				}
+				repl.Set(WalletPaidAccessPlaceholder, paid)
 			}
-			repl.Set(WalletPaidAccessPlaceholder, paid)
 		}
 		h.Set(HeaderUpstreamWallet, addr)
 		if proof.AgentID != "" {
@@ -387,6 +406,12 @@ func (l leavingFirst) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 type clientCredentials struct {
 	auth, siwx []string
 	payment    string // the first PAYMENT-SIGNATURE, as the gate reads it
+	// authSpent and siwxSpent record that a wallet_auth verified the proof
+	// and claimed its nonce, so that a later one on the request checks it
+	// without claiming it again (walletauth.Expect.NonceSpent). Only
+	// wallet_auth sets them, once its own check passed; they live in a
+	// request variable, which no client can set.
+	authSpent, siwxSpent bool
 }
 
 // varClientCredentials holds the *clientCredentials set aside for the
@@ -400,7 +425,7 @@ const varClientCredentials = "aov.client_credentials"
 // (a gate a matcher skips, such as one skipped for a sign-in's paid
 // access; a preflight passed on; handle_errors; a later reverse_proxy)
 // carries them, whichever of the two runs first. Each reads them from
-// here: wallet_auth takes the proofs (takeProofs), a gate the payment
+// here: every wallet_auth the proofs it reads (proofs), a gate the payment
 // (takePayment). Once some are set aside, a copy that reappears on the
 // request is removed unread. Nil when the client sent none: the free path
 // allocates nothing.
@@ -425,16 +450,19 @@ func setAsideClientCredentials(r *http.Request) *clientCredentials {
 	return c
 }
 
-// takeProofs returns the client's wallet proofs for wallet_auth, once: a
-// second wallet_auth on the request finds none (the first used their
-// nonces).
-func (c *clientCredentials) takeProofs() (auth, siwx []string) {
+// proofs returns the client's wallet proofs a wallet_auth reads: its
+// X-Wallet-Auth, and its SIGN-IN-WITH-X when withSIWX. They stay for every
+// later wallet_auth on the request, which judges them by its own settings
+// (a SIGN-IN-WITH-X that one without siwx ignored is there for one with
+// it); a nonce already claimed is marked (authSpent, siwxSpent).
+func (c *clientCredentials) proofs(withSIWX bool) (auth, siwx []string) {
 	if c == nil {
 		return nil, nil
 	}
-	auth, siwx = c.auth, c.siwx
-	c.auth, c.siwx = nil, nil
-	return auth, siwx
+	if withSIWX {
+		siwx = c.siwx
+	}
+	return c.auth, siwx
 }
 
 // takePayment returns the client's PAYMENT-SIGNATURE for a gate, once: a

@@ -1,0 +1,153 @@
+package caddymodule
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aovhq/aov/walletauth"
+	"github.com/aovhq/aov/x402"
+)
+
+// nestedWalletSite has a site-wide wallet_auth (optional, with siwx, and
+// a second site name) in front of routes with their own wallet_auth,
+// which know only 127.0.0.1:{port} and have no siwx: /req/* required,
+// /opt/* optional, and /who/* optional answering from the placeholders.
+func nestedWalletSite(up string) string {
+	inner := func(mode string) string {
+		return `wallet_auth ` + mode + ` {
+				store badger {data}/gate
+				domains 127.0.0.1:{port}
+			}`
+	}
+	return fmt.Sprintf(`:{port} {
+	route {
+		wallet_auth optional {
+			store badger {data}/gate
+			domains 127.0.0.1:{port} other.example
+			siwx
+		}
+		route /req/* {
+			%[2]s
+			reverse_proxy %[1]s
+		}
+		route /opt/* {
+			%[3]s
+			reverse_proxy %[1]s
+		}
+		route /who/* {
+			%[3]s
+			respond "{http.auth.wallet.address}|{http.auth.user.id}"
+		}
+	}
+}
+`, strings.TrimPrefix(up, "http://"), inner("required"), inner("optional"))
+}
+
+// TestNestedWalletAuthKeepsTheProvenWallet: behind a site-wide
+// wallet_auth, a route's own wallet_auth judges the same proofs by its own
+// settings. It accepts the X-Wallet-Auth proof the first verified, without
+// claiming its nonce again, and the upstream and the placeholders keep the
+// wallet. (Before: the first took the proofs, so the second refused the
+// request 401 "is missing" in mode required, and in mode optional removed
+// X-Aov-Wallet and blanked the placeholders.) The proof stays single-use,
+// a route's own domains still refuse a proof for a name only the
+// site-wide one knows, and a wallet signed in with SIGN-IN-WITH-X by the
+// site-wide one stays for a route's wallet_auth without siwx, whose mode
+// required still asks for an X-Wallet-Auth proof.
+func TestNestedWalletAuthKeepsTheProvenWallet(t *testing.T) {
+	up := walletUpstream(t)
+	base := startCaddy(t, nestedWalletSite(up.URL))
+	host := strings.TrimPrefix(base, "http://")
+
+	url := base + "/req/items"
+	proof := walletProof(t, walletKey(1), "POST", url, nil)
+	t.Run("a route's required wallet_auth accepts the proof the site-wide one verified", func(t *testing.T) {
+		st, _, body := walletCall(t, "POST", url, "{}", map[string]string{walletauth.HeaderName: proof})
+		if st != 200 || body["wallet"] != walletAddr(1) || body["wallet_auth"] != "" {
+			t.Fatalf("status %d, upstream saw %v (want 200, wallet %s, no proof)", st, body, walletAddr(1))
+		}
+	})
+	t.Run("the proof is still single-use", func(t *testing.T) {
+		st, hdr, body := walletCall(t, "POST", url, "{}", map[string]string{walletauth.HeaderName: proof})
+		wantUnauthorized(t, st, hdr, body, walletauth.HeaderName+".nonce")
+	})
+	t.Run("a route's optional wallet_auth keeps the wallet", func(t *testing.T) {
+		url := base + "/opt/items"
+		st, _, body := walletCall(t, "POST", url, "{}", map[string]string{walletauth.HeaderName: walletProof(t, walletKey(2), "POST", url, nil)})
+		if st != 200 || body["wallet"] != walletAddr(2) {
+			t.Fatalf("status %d, upstream saw %v (want 200, wallet %s)", st, body, walletAddr(2))
+		}
+		url = base + "/who/me"
+		st, _, body = walletCall(t, "GET", url, "", map[string]string{walletauth.HeaderName: walletProof(t, walletKey(2), "GET", url, nil)})
+		if want := walletAddr(2) + "|" + walletAddr(2); st != 200 || body["text"] != want {
+			t.Fatalf("placeholders: status %d, %v (want %q)", st, body, want)
+		}
+	})
+	t.Run("a route's own domains judge the proof", func(t *testing.T) {
+		st, hdr, body := walletCall(t, "POST", url, "{}", map[string]string{walletauth.HeaderName: walletProof(t, walletKey(1), "POST", "http://other.example/req/items", nil)})
+		wantUnauthorized(t, st, hdr, body, walletauth.HeaderName+".domain")
+	})
+
+	signIn := func(t *testing.T, uri string) string {
+		t.Helper()
+		s := walletauth.SIWXFromChallenge(walletauth.SIWXChallenge(host, uri, []string{x402.NetworkDevnet}, time.Now())["info"].(map[string]any), x402.NetworkDevnet)
+		if err := s.Sign(walletKey(3)); err != nil {
+			t.Fatal(err)
+		}
+		h, err := s.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	t.Run("a wallet signed in by the site-wide wallet_auth stays for a route's without siwx", func(t *testing.T) {
+		url := base + "/who/me"
+		st, _, body := walletCall(t, "GET", url, "", map[string]string{walletauth.SIWXHeaderName: signIn(t, url)})
+		if want := walletAddr(3) + "|" + walletAddr(3); st != 200 || body["text"] != want {
+			t.Fatalf("placeholders: status %d, %v (want %q)", st, body, want)
+		}
+	})
+	t.Run("a route's required wallet_auth without siwx still asks for X-Wallet-Auth", func(t *testing.T) {
+		url := base + "/req/items"
+		st, hdr, body := walletCall(t, "GET", url, "", map[string]string{walletauth.SIWXHeaderName: signIn(t, url)})
+		wantUnauthorized(t, st, hdr, body, walletauth.HeaderName)
+	})
+}
+
+// TestSiteWideWalletAuthLeavesSignInWithXToTheRoute: a site-wide
+// wallet_auth without siwx (per-wallet features elsewhere on the site) in
+// front of a route whose own wallet_auth has siwx. A wallet that paid for
+// the resource and signs in with the 402's sign-in-with-x challenge is let
+// in on its earlier payment. (Before: the site-wide one took the
+// SIGN-IN-WITH-X proof off the request without reading it, so the route's
+// never saw it, and the buyer was asked to pay again.)
+func TestSiteWideWalletAuthLeavesSignInWithXToTheRoute(t *testing.T) {
+	_, fac := sharedDevnet(t)
+	up := walletUpstream(t)
+	inner := siwxOfferedSite(up.URL, fac, "")
+	inner = strings.TrimPrefix(inner, ":{port} {\n")
+	inner = strings.TrimSuffix(strings.TrimSpace(inner), "}")
+	base := startCaddy(t, `:{port} {
+	route {
+		wallet_auth optional {
+			store badger {data}/gate
+			domains 127.0.0.1:{port}
+		}
+`+inner+`
+	}
+}
+`)
+	url := base + "/report/seller-7"
+	payFor(t, url, 6)
+	info, _ := siwxChallengeOf(t, url)
+	s := walletauth.SIWXFromChallenge(info, x402.NetworkDevnet)
+	if err := s.Sign(walletKey(6)); err != nil {
+		t.Fatal(err)
+	}
+	h, _ := s.Encode()
+	if st, _, body := walletCall(t, "GET", url, "", map[string]string{walletauth.SIWXHeaderName: h}); st != 200 || body["wallet"] != walletAddr(6) || body["payment"] != "" {
+		t.Fatalf("the payer's sign-in: status %d, upstream saw %v (want 200 as wallet %s, on its earlier payment, no X-Aov-Payment)", st, body, walletAddr(6))
+	}
+}
