@@ -135,9 +135,12 @@ type heldRecord struct {
 	// that searches the chain for the transaction looks no further back.
 	SentAfter time.Time `json:"sent_after,omitzero"`
 	// Signers are the addresses the gate's facilitator sent its EVM
-	// settlements from when the attempt ended unknown (heldSigners), hex;
-	// none on Solana, on a record left mid-attempt, or written before
-	// records kept them. The transfer one of them sent is the payment's
+	// settlements from when the attempt was made (heldSigners), hex: those
+	// known when the payment was claimed, and those asked for when the
+	// attempt ended unknown; none on Solana, or on a record written before
+	// records kept them. Kept from the claim on, so that a gateway killed
+	// mid-settlement and restarted with another relayer_key still knows
+	// its own transfer. The transfer one of them sent is the payment's
 	// even when the facilitator signs with others by the time the record
 	// is resolved (x402.SentSettlement.Signers).
 	Signers []string `json:"signers,omitempty"`
@@ -243,10 +246,11 @@ const facilitatorResolveTimeout = 10 * time.Second
 
 // claimPaid claims a payment's keys and, with a store that holds records,
 // writes its record in the same write (store.HeldClaims.ClaimHeld): the
-// payment, the offer, the request it pays for and when its attempt began.
-// Should the gateway die after the facilitator sent the transfer and
-// before its reply, the next one finds what it needs to resolve the
-// payment from the chain, as it does an unknown outcome. note is the
+// payment, the offer, the request it pays for, the facilitator's signers
+// and when its attempt began. Should the gateway die after the facilitator
+// sent the transfer and before its reply, the next one finds what it needs
+// to resolve the payment from the chain, as it does an unknown outcome,
+// and knows the transfer for its own even with another relayer_key. note is the
 // record as written ("" with a store that holds none): the request's
 // settlement is a compare-and-swap from it (paidCharge.recordSettled).
 //
@@ -261,11 +265,13 @@ func (g *Gate) claimPaid(r *http.Request, keys []string, until time.Time, pay x4
 	}
 	var token string
 	span := g.attemptSpan()
+	signers := heldSigners(r.Context(), g.facilitator, pay.PaymentPayload.Accepted.Network, false)
 	c, err = hc.ClaimHeld(r.Context(), keys, until, span, func(c store.Claim) (string, error) {
 		t := now()
 		h := g.newHeldRecord(r, c, pay.JSON, offer, t, pid)
 		h.Attempt, h.Session = t.Add(span), hc.Session()
 		h.Request, h.RequestBody = g.heldRequest(r)
+		h.Signers = signers
 		n, err := encodeHeld(&h)
 		if err == nil {
 			token, note = c.Token, n
@@ -1070,7 +1076,7 @@ func (g *Gate) holdUnknown(r *http.Request, c store.Claim, payment []byte, offer
 	if unknown != nil && unknown.Reply != nil {
 		h.Sent = unknown.Reply.Transaction
 	}
-	h.Signers = heldSigners(ctx, g.facilitator, offer.Network)
+	h.Signers = heldSigners(ctx, g.facilitator, offer.Network, true)
 	if failedUnnamed(unknown) {
 		bw = nil // no answer kept: see failedUnnamed
 	}

@@ -91,6 +91,8 @@ type remoteSigners struct {
 	s     x402.SupportedResponse
 	known bool
 	next  time.Time // when to ask again
+	// learning is set while rememberedSigners's background ask runs.
+	learning bool
 }
 
 // evmSigners returns the addresses m's remote settles network's payments
@@ -183,29 +185,27 @@ func evmSignersOf(s x402.SupportedResponse, network string) []common.Address {
 }
 
 // heldSigners is what a held record keeps of whose EVM transfers are the
-// gate's facilitator f's own on network when the attempt ended unknown
-// (heldRecord.Signers): the signers of every member of a multi that
-// settles it, a remote's as remembered (asked when due), another's by its
-// /supported; nil on a network that is not EVM, or when they are not
-// known. It is asked with the request's context cut loose, within ask's
-// bound, so that a buyer who left does not count as the remote's failure.
-func heldSigners(ctx context.Context, f x402.Facilitator, network string) []string {
+// gate's facilitator f's own on network (heldRecord.Signers), hex; nil on
+// a network that is not EVM. It is written with the claim (claimPaid),
+// before the settlement is asked for, with asking false: the signers
+// known without asking anyone (knownSigners), so a gateway killed while
+// its facilitator sends leaves them with the payment. When the attempt
+// ended unknown (holdUnknown), asking adds those a remote's /supported
+// lists when it is due (evmSigners; a multi's, every member's), asked
+// with the request's context cut loose, within ask's bound, so that a
+// buyer who left does not count as the remote's failure.
+func heldSigners(ctx context.Context, f x402.Facilitator, network string, asking bool) []string {
 	if !x402.IsEVM(network) {
 		return nil
 	}
-	ctx = context.WithoutCancel(ctx)
-	var a []common.Address
-	switch f := f.(type) {
-	case *HTTPFacilitator:
-		a = f.evmSigners(ctx, network)
-	case *MultiFacilitator:
-		a = f.evmSigners(ctx, network).Known
-	default:
-		askCtx, cancel, _ := ask(ctx)
-		s, err := f.Supported(askCtx)
-		cancel()
-		if err == nil {
-			a = evmSignersOf(s, network)
+	a := knownSigners(ctx, f, network)
+	if asking {
+		ctx = context.WithoutCancel(ctx)
+		switch f := f.(type) {
+		case *HTTPFacilitator:
+			a = appendNew(a, f.evmSigners(ctx, network)...)
+		case *MultiFacilitator:
+			a = appendNew(a, f.evmSigners(ctx, network).Known...)
 		}
 	}
 	var out []string
@@ -213,6 +213,81 @@ func heldSigners(ctx context.Context, f x402.Facilitator, network string) []stri
 		out = append(out, x.Hex())
 	}
 	return out
+}
+
+// knownSigners returns f's signers on network that no remote is asked
+// for: the embedded evm facilitator's relayer, a remote's as remembered
+// (rememberedSigners), every member's of a multi (a member that settles
+// another network adds a signer of the gate's own, which sends none of
+// this network's settlements), another module's by its own /supported
+// (within ask's bound). The paid path asks it of every claim, so it never
+// waits on a remote.
+func knownSigners(ctx context.Context, f x402.Facilitator, network string) []common.Address {
+	switch f := f.(type) {
+	case *EVMFacilitator:
+		return []common.Address{f.f.Relayer()}
+	case *HTTPFacilitator:
+		return f.rememberedSigners(network)
+	case *MultiFacilitator:
+		var out []common.Address
+		for i, member := range f.fs {
+			if _, ok := member.(*HTTPFacilitator); ok {
+				f.mu.Lock()
+				s, at := f.supported[i], f.at[i]
+				f.mu.Unlock()
+				if !at.IsZero() {
+					out = appendNew(out, evmSignersOf(s, network)...)
+				}
+			}
+			out = appendNew(out, knownSigners(ctx, member, network)...)
+		}
+		return out
+	default:
+		askCtx, cancel, _ := ask(context.WithoutCancel(ctx))
+		s, err := f.Supported(askCtx)
+		cancel()
+		if err != nil {
+			return nil
+		}
+		return evmSignersOf(s, network)
+	}
+}
+
+// rememberedSigners returns the remote's signers on network as last read
+// (nil when it was never read), asking nothing. The first time they are
+// wanted unread, its /supported is asked in the background (within ask's
+// bound), so that the claims after it keep them: a claim written before
+// any answer keeps none of the remote's, and a remote that changes its
+// relayer before that payment is resolved sends from one neither the
+// record nor its /supported then lists.
+func (m *HTTPFacilitator) rememberedSigners(network string) []common.Address {
+	r := m.status.signers
+	r.mu.Lock()
+	s, known, learn := r.s, r.known, !r.known && !r.learning
+	r.learning = r.learning || learn
+	r.mu.Unlock()
+	if learn {
+		go func() {
+			m.askSigners(context.Background())
+			r.mu.Lock()
+			r.learning = false
+			r.mu.Unlock()
+		}()
+	}
+	if !known {
+		return nil
+	}
+	return evmSignersOf(s, network)
+}
+
+// appendNew appends to a the addresses of b it does not hold yet.
+func appendNew(a []common.Address, b ...common.Address) []common.Address {
+	for _, x := range b {
+		if !slices.Contains(a, x) {
+			a = append(a, x)
+		}
+	}
+	return a
 }
 
 // provisionStatus dials the rpc endpoints (an http(s) dial makes no

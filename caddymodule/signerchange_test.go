@@ -36,7 +36,40 @@ func testHeldAfterRotation(t *testing.T, key int) {
 	up := newUpstream(t)
 	storeDir := filepath.Join(t.TempDir(), "gate")
 	first := pendingSite(up.URL, "lose_reply", storeDir, "")
-	rotated := fmt.Sprintf(`:{port} {
+	p := payThenRestart(t, d, first, 2+key%2, replyLost, func() string { return startCaddy(t, relayerSite(up.URL, d, storeDir, key)) })
+	servedAfterRotation(t, d, up, p)
+}
+
+// A gateway killed mid-settlement (its embedded evm facilitator's relayer
+// sent the transfer, no reply came back) leaves only the record written
+// with the claim. The operator restarts it with another relayer_key on
+// the same store, and the charged buyer retries: the claim's record kept
+// the relayer the facilitator had when the attempt was made, the transfer
+// is the gate's own, and the upstream runs for the buyer. (Before: only a
+// record of an attempt that ended unknown kept the signers; the killed
+// attempt's record had none, the transfer was "settled by another
+// settlement", and the charged buyer was refused 402.)
+func TestHeldPaymentKilledMidSettlementServedAfterRelayerKeyChange(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		key  int
+	}{{"same key (control)", faultyRelayer}, {"rotated key", 9}} {
+		t.Run(c.name, func(t *testing.T) {
+			d, _ := sharedDevnet(t)
+			up := newUpstream(t)
+			storeDir := filepath.Join(t.TempDir(), "gate")
+			payer := 4 + c.key%2
+			p := payThenRestart(t, d, killSite(up.URL, "killed_devnet", storeDir), payer, killedMidSettlement,
+				func() string { return startCaddy(t, relayerSite(up.URL, d, storeDir, c.key)) })
+			servedAfterRotation(t, d, up, p)
+		})
+	}
+}
+
+// relayerSite is a paid route whose store is in storeDir, settled by an
+// embedded evm facilitator on d whose relayer is dev account key.
+func relayerSite(up string, d *evmfacilitator.Devnet, storeDir string, key int) string {
+	return fmt.Sprintf(`:{port} {
 	route /verify/schema {
 		x402 {
 			accept devnet $0.02 %[3]s
@@ -51,14 +84,20 @@ func testHeldAfterRotation(t *testing.T, key int) {
 		reverse_proxy %[1]s
 	}
 }
-`, strings.TrimPrefix(up.URL, "http://"), d.RPCURL(), payTo.Hex(), storeDir, evmfacilitator.DevAccounts()[key].PrivateKeyHex)
-	p := payThenRestart(t, d, first, 2+key%2, replyLost, func() string { return startCaddy(t, rotated) })
+`, strings.TrimPrefix(up, "http://"), d.RPCURL(), payTo.Hex(), storeDir, evmfacilitator.DevAccounts()[key].PrivateKeyHex)
+}
+
+// servedAfterRotation retries p, a payment the gate's own facilitator
+// settled before a restart with maybe another relayer_key, and wants the
+// paid answer, the upstream run at most once more.
+func servedAfterRotation(t *testing.T, d *evmfacilitator.Devnet, up *upstream, p restartedPayment) {
+	t.Helper()
 	calls := up.calls.Load()
 	resp := post(t, p.url, validRequest, map[string]string{x402.HeaderPaymentSignature: p.sig})
 	b, _ := io.ReadAll(resp.Body)
-	t.Logf("charged %v; retry after the key rotation: %d %.400s", charged(t, d, p.payer, p.before), resp.StatusCode, b)
+	t.Logf("charged %v; retry after the restart: %d %.400s", charged(t, d, p.payer, p.before), resp.StatusCode, b)
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"payment":"paid"`) || up.calls.Load() > calls+1 {
-		t.Fatalf("the charged buyer's retry after relayer_key was rotated: %d %.300s; want the paid answer (the gate's own facilitator sent the transfer)", resp.StatusCode, b)
+		t.Fatalf("the charged buyer's retry after the restart: %d %.300s; want the paid answer (the gate's own facilitator sent the transfer)", resp.StatusCode, b)
 	}
 }
 
