@@ -281,3 +281,63 @@ func TestGateNamingWritesEachServerOncePerLoad(t *testing.T) {
 	}
 	waitFor(t, "the namings of the stopped load dropped", func() bool { return namings() == 0 })
 }
+
+// The gate proxies to another server of its own Caddy, which chooses the
+// verifierd by what Caddy keeps only loaded: a dynamic upstream source
+// (`dynamic a`) and a selection policy (`lb_policy`). A reload changing
+// either renames the gate, so its held outcomes are not reported to the
+// verifierd it no longer leads to; an unchanged reload keeps the name.
+// A `dynamic multi`, whose sources cannot be read once loaded, renames it
+// at every load. (Before: the other server's proxy was named by its JSON,
+// from which Caddy drops both once loaded, and a reload pointing the
+// dynamic upstreams at another verifierd kept the gate's name.)
+func TestGateNameFollowsAnotherServersDynamicUpstreamsAndPolicy(t *testing.T) {
+	dir := t.TempDir()
+	other := freePort(t)
+	site := func(proxy string) string {
+		return fmt.Sprintf(`:{port} {
+	route /v1/* {
+		x402 {
+			accept devnet $0.02 %[1]s
+			facilitator http http://127.0.0.1:1
+			store badger %[2]s
+		}
+		reverse_proxy 127.0.0.1:%[3]d
+	}
+}
+:%[3]d {
+	reverse_proxy {
+		%[4]s
+	}
+}
+`, payTo.Hex(), dir, other, proxy)
+	}
+	dynamic := func(host string) string {
+		return "dynamic a {\n\t\t\tname " + host + "\n\t\t\tport 8080\n\t\t}"
+	}
+	const static = "to 127.0.0.1:5 127.0.0.1:6\n\t\t"
+	port := freePort(t)
+	t.Cleanup(func() { caddy.Stop() })
+	name := func(proxy string) string {
+		loadCaddyServers(t, port, "", "", site(proxy))
+		return loneGateName(t)
+	}
+	base := name(dynamic("verifier-a.invalid"))
+	if name(dynamic("verifier-a.invalid")) != base {
+		t.Errorf("an unchanged reload renamed the gate")
+	}
+	if name(dynamic("verifier-b.invalid")) == base {
+		t.Errorf("a reload pointing the other server's dynamic upstreams at another host kept the gate's name")
+	}
+	first := name(static + "lb_policy first")
+	if name(static+"lb_policy first") != first {
+		t.Errorf("an unchanged reload with lb_policy first renamed the gate")
+	}
+	if name(static+"lb_policy header X-Tenant") == first {
+		t.Errorf("a reload changing the other server's lb_policy kept the gate's name")
+	}
+	multi := "dynamic multi {\n\t\t\ta verifier-a.invalid 8080\n\t\t}"
+	if name(multi) == name(multi) {
+		t.Errorf("an unchanged reload with dynamic multi kept the gate's name; want a name no load shares (its sources cannot be read)")
+	}
+}

@@ -531,7 +531,8 @@ func routeText(r caddyhttp.Route) string {
 
 // handlerText writes a loaded handler out: a subroute as its routes, any
 // other as its JSON, which holds its configuration but what it loaded as
-// modules (a proxy's upstreams are in it, its transport is not), and so
+// modules (a proxy's upstreams are in it, its transport is not; its
+// dynamic upstreams and selection policy follow it: proxyChoice), and so
 // none of the routes a handler holds, which are loaded (their handlers'
 // configuration dropped): those of a proxy's or an intercept's
 // `handle_response` follow its JSON, as routesText writes them, and
@@ -541,6 +542,7 @@ func routeText(r caddyhttp.Route) string {
 // cannot be written out is named by its type.
 func handlerText(h caddyhttp.MiddlewareHandler) any {
 	var responses []caddyhttp.ResponseHandler
+	var choice string
 	switch h := h.(type) {
 	case *caddyhttp.Subroute:
 		sub := []any{routesText(h.Routes)}
@@ -549,7 +551,7 @@ func handlerText(h caddyhttp.MiddlewareHandler) any {
 		}
 		return sub
 	case *reverseproxy.Handler:
-		responses = h.HandleResponse
+		responses, choice = h.HandleResponse, proxyChoice(h)
 	case *intercept.Intercept:
 		responses = h.HandleResponse
 	case *Gate:
@@ -560,6 +562,9 @@ func handlerText(h caddyhttp.MiddlewareHandler) any {
 		b = []byte(`"unwritable"`)
 	}
 	text := fmt.Sprintf("%T %s", h, b)
+	if choice != "" {
+		text += " " + choice
+	}
 	if len(responses) == 0 {
 		return text
 	}
@@ -568,6 +573,50 @@ func handlerText(h caddyhttp.MiddlewareHandler) any {
 		nested = append(nested, routesText(rh.Routes))
 	}
 	return []any{text, nested}
+}
+
+// proxyChoice writes out what a loaded proxy chooses its upstream by
+// that its JSON lost when Caddy loaded it (a module's raw configuration is
+// dropped once loaded): its dynamic upstream source and its selection
+// policy, each as its module ID and JSON (loadedModuleText). "" for a
+// proxy with neither (its upstreams static, its policy random, which has
+// no settings), so its gates keep, across an upgrade, the name their held
+// records carry. A policy's fallback is not kept once loaded, and is no
+// part of it.
+func proxyChoice(h *reverseproxy.Handler) string {
+	var parts []string
+	if h.DynamicUpstreams != nil {
+		parts = append(parts, "dynamic "+loadedModuleText(h.DynamicUpstreams))
+	}
+	if lb := h.LoadBalancing; lb != nil && lb.SelectionPolicy != nil {
+		switch lb.SelectionPolicy.(type) {
+		case reverseproxy.RandomSelection, *reverseproxy.RandomSelection:
+		default:
+			parts = append(parts, "policy "+loadedModuleText(lb.SelectionPolicy))
+		}
+	}
+	return strings.Join(parts, " ")
+}
+
+// loadedModuleText writes a loaded module out as its ID and its JSON.
+// `dynamic multi` keeps its sources unexported once loaded: it is written
+// as unwritable, a text no load shares, so a server that uses one renames
+// its gates at every load (an outcome then waits for the buyer's retry)
+// rather than keeping a name across a change of its sources.
+func loadedModuleText(m any) string {
+	unwritable := "unwritable " + rand.Text()
+	if _, ok := m.(*reverseproxy.MultiUpstreams); ok {
+		return unwritable
+	}
+	id := fmt.Sprintf("%T", m)
+	if cm, ok := m.(caddy.Module); ok {
+		id = string(cm.CaddyModule().ID)
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return unwritable
+	}
+	return id + " " + string(b)
 }
 
 // upstreamOf names what the requests of the gate provisioned with ctx go
