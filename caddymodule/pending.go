@@ -2398,7 +2398,10 @@ func (p *paidCharge) reportOutcome(r *http.Request, bw *bufferedWriter, end sett
 	st, err := g.state.Claims().Lookup(context.WithoutCancel(r.Context()), p.claim.Keys[0])
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		h := g.newHeldRecord(r, p.claim, p.pay.JSON, p.offerJS, g.sentAfter(), p.pid)
+		// Read from the attempt's start as its hold reads it
+		// (paidCharge.sentAfter): the settle wait alone reaches back
+		// far enough to take a replay's original for this attempt.
+		h := g.newHeldRecord(r, p.claim, p.pay.JSON, p.offerJS, p.sentAfter(), p.pid)
 		h.payload, h.offer = p.pay.PaymentPayload, p.offer
 		g.reportFromChain(r, next, &h, path, id)
 		return

@@ -7,12 +7,18 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	neturl "net/url"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/aovhq/aov/internal/servers"
 	"github.com/aovhq/aov/plugins/svmfacilitator"
 	"github.com/aovhq/aov/x402"
 )
@@ -58,9 +64,13 @@ func laggingPoolNode(t *testing.T, upstream string, lag *atomic.Bool, lookUpFail
 
 // twoRoutesOf starts a Caddy with two routes selling /verify/schema to
 // the upstream at up for the same Solana offer (payee), through fac, each
-// with a store of its own (so claims of its own), and returns their URLs:
-// a payment served at route A can be replayed at route B.
-func twoRoutesOf(t *testing.T, up, fac, payee string) (urlA, urlB string) {
+// with a store of its own (so claims of its own; route B's is storeB, a
+// Badger store when ""), and returns their URLs: a payment served at
+// route A can be replayed at route B.
+func twoRoutesOf(t *testing.T, up, fac, payee, storeB string) (urlA, urlB string) {
+	if storeB == "" {
+		storeB = "badger " + filepath.Join(t.TempDir(), "b")
+	}
 	site := fmt.Sprintf(`:{port} {
 	route /verify/schema {
 		x402 {
@@ -76,13 +86,13 @@ func twoRoutesOf(t *testing.T, up, fac, payee string) (urlA, urlB string) {
 		x402 {
 			accept solana-devnet $0.02 %[3]s
 			facilitator %[2]s
-			store badger %[5]s
+			store %[5]s
 			public_base_url https://gateway.test
 		}
 		reverse_proxy %[1]s
 	}
 }
-`, strings.TrimPrefix(up, "http://"), fac, payee, filepath.Join(t.TempDir(), "a"), filepath.Join(t.TempDir(), "b"))
+`, strings.TrimPrefix(up, "http://"), fac, payee, filepath.Join(t.TempDir(), "a"), storeB)
 	base := startCaddy(t, site)
 	return base + "/verify/schema", base + "/other/schema"
 }
@@ -161,7 +171,7 @@ func replayAtAnotherStore(t *testing.T, facOf func(remote string, e *solanaEnv) 
 	t.Cleanup(remote.Close)
 
 	up := newReportingUpstream(t)
-	urlA, urlB := twoRoutesOf(t, up.URL, facOf(remote.URL, e), e.payee.Address)
+	urlA, urlB := twoRoutesOf(t, up.URL, facOf(remote.URL, e), e.payee.Address, "")
 	payerBefore := e.usdc(t, e.payer.Address)
 	sig, txid := signSolana(t, e, urlA)
 	wantPaidWith(t, e, post(t, urlA, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), txid)
@@ -210,6 +220,24 @@ func TestSolanaReplayWhoseDuplicateReplyIsLostIsNotServedByTheSearch(t *testing.
 }
 
 func replayDuplicateReplyLost(t *testing.T, multi bool) {
+	e, lag, proxy, fac := replayWithReplyLost(t, multi)
+	up := newReportingUpstream(t)
+	urlA, urlB := twoRoutesOf(t, up.URL, fac, e.payee.Address, "")
+	sig, txid := signSolana(t, e, urlA)
+	wantPaidWith(t, e, post(t, urlA, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), txid)
+
+	ranOnce := up.n.Load()
+	e.chain.AdvanceClock(10 * time.Second) // the replay comes 10 s later
+	proxy.pass.Store(false)
+	replayRefused(t, urlB, sig, lag, up, ranOnce)
+}
+
+// replayWithReplyLost is the Solana chain, a remote svm facilitator on
+// it whose node lags while lag is set (laggingPoolNode, statuses real),
+// the lossy proxy in front of it (passing until proxy.pass is cleared),
+// and the gate's facilitator block for it: a multi with an embedded svm
+// member, or `http` alone with `rpc`.
+func replayWithReplyLost(t *testing.T, multi bool) (*solanaEnv, *atomic.Bool, *lossyProxy, string) {
 	e := newSolanaEnv(t)
 	var lag atomic.Bool
 	node := laggingPoolNode(t, e.chain.URL, &lag, false)
@@ -223,17 +251,63 @@ func replayDuplicateReplyLost(t *testing.T, multi bool) {
 	proxy := newLossyProxy(t, remoteURL.URL, "lose_reply")
 	proxy.pass.Store(true)
 
-	up := newReportingUpstream(t)
 	fac := fmt.Sprintf("multi {\n\t\t\t\thttp %s {\n\t\t\t\t\ttimeout 5s\n\t\t\t\t}\n\t\t\t\t%s\n\t\t\t}", proxy.URL, e.svmBlock())
 	if !multi {
 		fac = fmt.Sprintf("http %s {\n\t\t\t\ttimeout 5s\n\t\t\t\trpc solana-devnet %s\n\t\t\t}", proxy.URL, e.chain.URL)
 	}
-	urlA, urlB := twoRoutesOf(t, up.URL, fac, e.payee.Address)
+	return e, &lag, proxy, fac
+}
+
+// The same replay at route B, on the multi, while route B's store (Redis)
+// loses the replay's claim as the upstream runs (FLUSHALL, what a restart
+// without its data leaves): the settlement's outcome is unknown and its
+// claim gone, so the gate reports the verification as the chain tells,
+// reading it from when the replay's claim was made. The transaction
+// landed 10 s before that: another settlement's, and the verification is
+// reported unpaid. (Before: the read went back the whole settle wait, 30
+// s, took the original's landing for this attempt's, and verifierd
+// recorded the replay paid, final: one payment counted twice.)
+func TestSolanaReplayWithClaimLostIsNotReportedPaid(t *testing.T) {
+	e, lag, proxy, fac := replayWithReplyLost(t, true)
+	srv := servers.StartRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { rdb.Close() })
+	up := newReportingUpstream(t)
+	var wipe atomic.Bool
+	target, _ := neturl.Parse(up.URL)
+	toUp := httputil.NewSingleHostReverseProxy(target)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if wipe.CompareAndSwap(true, false) {
+			if err := rdb.FlushAll(r.Context()).Err(); err != nil {
+				t.Errorf("FLUSHALL: %v", err)
+			}
+		}
+		toUp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	urlA, urlB := twoRoutesOf(t, front.URL, fac, e.payee.Address, "redis "+srv.Addr)
 	sig, txid := signSolana(t, e, urlA)
 	wantPaidWith(t, e, post(t, urlA, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), txid)
 
-	ranOnce := up.n.Load()
 	e.chain.AdvanceClock(10 * time.Second) // the replay comes 10 s later
 	proxy.pass.Store(false)
-	replayRefused(t, urlB, sig, &lag, up, ranOnce)
+	lag.Store(true)
+	wipe.Store(true)
+	resp := post(t, urlB, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
+	if b := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("the replay at route B: %d %s; want 503 settlement_pending", resp.StatusCode, b)
+	}
+	lag.Store(false)
+	if wipe.Load() {
+		t.Fatal("the store was never wiped under the replay")
+	}
+	// Reported by a background chain read: wait for it (bounded).
+	var got []string
+	for i := 0; i < 200 && len(got) < 2; i++ {
+		time.Sleep(100 * time.Millisecond)
+		got = up.got()
+	}
+	if want := []string{"v-1=paid", "v-2=unpaid"}; !slices.Equal(got, want) {
+		t.Errorf("reports %q; want %q (the replay's transaction landed before its claim)", got, want)
+	}
 }
