@@ -226,7 +226,7 @@ func knownSigners(ctx context.Context, f x402.Facilitator, network string) []com
 	switch f := f.(type) {
 	case *EVMFacilitator:
 		return []common.Address{f.f.Relayer()}
-	case *HTTPFacilitator:
+	case rememberingSigners:
 		return f.rememberedSigners(network)
 	case *MultiFacilitator:
 		var out []common.Address
@@ -251,6 +251,12 @@ func knownSigners(ctx context.Context, f x402.Facilitator, network string) []com
 		}
 		return evmSignersOf(s, network)
 	}
+}
+
+// rememberingSigners is a remote facilitator, HTTPFacilitator or a
+// module built on it: its signers are what it remembers of its remote.
+type rememberingSigners interface {
+	rememberedSigners(network string) []common.Address
 }
 
 // rememberedSigners returns the remote's signers on network as last read

@@ -8,6 +8,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/x402"
@@ -222,4 +225,69 @@ func testMultiReorder(t *testing.T, reorder bool) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"payment":"paid"`) || up.calls.Load() > calls+1 {
 		t.Fatalf("the charged buyer's retry after the multi's members were reordered: %d %.300s; want the paid answer (a member of the gate's multi sent the transfer)", resp.StatusCode, b)
 	}
+}
+
+// A remote facilitator's signers are asked in the background the first
+// time a claim wants them unread, so the claims after it keep them
+// without waiting on the remote. A gateway on a remote (fakeKilledHTTP)
+// is killed mid-settlement twice: the first payment's claim comes before
+// any read of the remote's /supported; the second's after it. The remote
+// then changes the relayer its /supported lists, and the gateway
+// restarts: the second payment's record kept the relayer that sent its
+// transfer, and its charged buyer is served. (Before: the remote's
+// signers were read only once an attempt ended unknown; a killed
+// attempt's record kept none, and its transfer, sent from a relayer the
+// remote no longer lists, was "settled by another settlement".)
+func TestHeldRemotePaymentKilledMidSettlementServedAfterRemoteSignerChange(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	var rotated atomic.Bool
+	var asked atomic.Int64
+	remote := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		req, _ := http.NewRequest(r.Method, fac+r.URL.Path, bytes.NewReader(body))
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			http.Error(w, "unreachable", http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		if r.URL.Path == "/supported" {
+			asked.Add(1)
+			if rotated.Load() {
+				var s map[string]any
+				json.Unmarshal(raw, &s)
+				s["signers"] = map[string][]string{"eip155:*": {evmfacilitator.DevAccounts()[8].Address.Hex()}}
+				raw, _ = json.Marshal(s)
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(resp.StatusCode)
+		w.Write(raw)
+	}))
+	t.Cleanup(remote.Close)
+	up := newUpstream(t)
+	storeDir := filepath.Join(t.TempDir(), "gate")
+	url := startCaddy(t, killSite(up.URL, "killed_http "+remote.URL, storeDir)) + "/verify/schema"
+	pay := func(key int) string {
+		sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), key)
+		killedMidSettlement(t, url, sig)
+		return sig
+	}
+	pay(2)
+	for i := 0; asked.Load() == 0 && i < 200; i++ {
+		time.Sleep(50 * time.Millisecond) // the background ask, bounded
+	}
+	t.Logf("the remote's /supported asked %d time(s) after the first claim", asked.Load())
+	payer := evmfacilitator.DevAccounts()[3].Address
+	before := balance(t, d, payer)
+	sig := pay(3)
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	rotated.Store(true)
+	p := restartedPayment{payer: payer, before: before, sig: sig,
+		url: startCaddy(t, killSite(up.URL, "http {\n\t\t\t\turl "+remote.URL+"\n\t\t\t\trpc devnet "+d.RPCURL()+"\n\t\t\t}", storeDir)) + "/verify/schema"}
+	servedAfterRotation(t, d, up, p)
 }
