@@ -220,8 +220,8 @@ func heldSigners(ctx context.Context, f x402.Facilitator, network string, asking
 // (rememberedSigners), every member's of a multi (a member that settles
 // another network adds a signer of the gate's own, which sends none of
 // this network's settlements), another module's by its own /supported
-// (within ask's bound). The paid path asks it of every claim, so it never
-// waits on a remote.
+// (within ask's bound). The paid path asks it of every claim: it never
+// waits on a remote's /supported.
 func knownSigners(ctx context.Context, f x402.Facilitator, network string) []common.Address {
 	switch f := f.(type) {
 	case *EVMFacilitator:
@@ -231,7 +231,7 @@ func knownSigners(ctx context.Context, f x402.Facilitator, network string) []com
 	case *MultiFacilitator:
 		var out []common.Address
 		for i, member := range f.fs {
-			if _, ok := member.(*HTTPFacilitator); ok {
+			if _, ok := member.(rememberingSigners); ok {
 				f.mu.Lock()
 				s, at := f.supported[i], f.at[i]
 				f.mu.Unlock()
@@ -260,16 +260,17 @@ type rememberingSigners interface {
 }
 
 // rememberedSigners returns the remote's signers on network as last read
-// (nil when it was never read), asking nothing. The first time they are
-// wanted unread, its /supported is asked in the background (within ask's
-// bound), so that the claims after it keep them: a claim written before
-// any answer keeps none of the remote's, and a remote that changes its
-// relayer before that payment is resolved sends from one neither the
-// record nor its /supported then lists.
+// (nil when it was never read), asking nothing. When they are wanted
+// unread, its /supported is asked in the background (within ask's bound;
+// one ask at a time, none before a failed one's retry is due), so that
+// the claims after it keep them: a claim written before any answer keeps
+// none of the remote's, and a remote that changes its relayer before that
+// payment is resolved sends from one neither the record nor its
+// /supported then lists.
 func (m *HTTPFacilitator) rememberedSigners(network string) []common.Address {
 	r := m.status.signers
 	r.mu.Lock()
-	s, known, learn := r.s, r.known, !r.known && !r.learning
+	s, known, learn := r.s, r.known, !r.known && !r.learning && !now().Before(r.next)
 	r.learning = r.learning || learn
 	r.mu.Unlock()
 	if learn {
