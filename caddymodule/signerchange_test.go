@@ -242,31 +242,13 @@ func TestHeldRemotePaymentKilledMidSettlementServedAfterRemoteSignerChange(t *te
 	d, fac := sharedDevnet(t)
 	var rotated atomic.Bool
 	var asked atomic.Int64
-	remote := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		req, _ := http.NewRequest(r.Method, fac+r.URL.Path, bytes.NewReader(body))
-		req.Header = r.Header.Clone()
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			http.Error(w, "unreachable", http.StatusBadGateway)
-			return
+	remote := newLossyProxy(t, fac, "lose_reply", func(s map[string]any) {
+		asked.Add(1)
+		if rotated.Load() {
+			s["signers"] = map[string][]string{"eip155:*": {evmfacilitator.DevAccounts()[8].Address.Hex()}}
 		}
-		defer resp.Body.Close()
-		raw, _ := io.ReadAll(resp.Body)
-		if r.URL.Path == "/supported" {
-			asked.Add(1)
-			if rotated.Load() {
-				var s map[string]any
-				json.Unmarshal(raw, &s)
-				s["signers"] = map[string][]string{"eip155:*": {evmfacilitator.DevAccounts()[8].Address.Hex()}}
-				raw, _ = json.Marshal(s)
-			}
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(resp.StatusCode)
-		w.Write(raw)
-	}))
-	t.Cleanup(remote.Close)
+	})
+	remote.pass.Store(true) // /settle forwarded: the gateway is killed mid-settlement
 	up := newUpstream(t)
 	storeDir := filepath.Join(t.TempDir(), "gate")
 	url := startCaddy(t, killSite(up.URL, "killed_http "+remote.URL, storeDir)) + "/verify/schema"
