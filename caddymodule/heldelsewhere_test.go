@@ -264,6 +264,60 @@ func TestHeldRemotePaymentKeepsItsSignersWhileTheRemoteIsDown(t *testing.T) {
 	}
 }
 
+// A multi of a remote that lists no signers and an embedded evm member:
+// the remote member sends a held payment's transfer, its reply lost, and
+// then its GET /supported stops answering. The claim's record keeps what
+// the multi's signers are (memberSigners): none, as a member lists none,
+// so every sender's transfer counts and the charged buyer's retry is
+// served, /supported down or not. (Before: the record kept the embedded
+// member's relayer alone, which ruled the remote's sender out, and the
+// buyer waited on a /supported that had nothing to tell, 503.)
+func TestMultiRemoteWithoutSignersServedWhileItsSupportedIsDown(t *testing.T) {
+	for _, down := range []bool{false, true} {
+		t.Run(fmt.Sprintf("supportedDown=%v", down), func(t *testing.T) {
+			d, fac := sharedDevnet(t)
+			remote := newLossyProxy(t, fac, "lose_reply", func(s map[string]any) {
+				s["signers"] = map[string][]string{}
+			})
+			up := newUpstream(t)
+			evm9 := fmt.Sprintf("evm {\n\t\t\t\t\tnetwork devnet\n\t\t\t\t\trpc_url %s\n\t\t\t\t\trelayer_key %s\n\t\t\t\t}", d.RPCURL(), evmfacilitator.DevAccounts()[9].PrivateKeyHex)
+			base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /verify/schema {
+		x402 {
+			accept devnet $0.01 %[3]s
+			facilitator multi {
+				http %[2]s {
+					timeout 5s
+					rpc devnet %[4]s
+				}
+				%[5]s
+			}
+		}
+		reverse_proxy %[1]s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), remote.URL, payTo.Hex(), d.RPCURL(), evm9))
+			url := base + "/verify/schema"
+			buyer := 3
+			if down {
+				buyer = 7
+			}
+			h := holdBuyer(t, d, url, buyer)
+			if remote.settles.Load() == 0 {
+				t.Fatalf("the remote member did not settle")
+			}
+			remote.supportedDown.Store(down)
+			calls := up.calls.Load()
+			resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: h.sig})
+			b, _ := io.ReadAll(resp.Body)
+			t.Logf("charged %v; retry: %d %.300s", charged(t, d, h.payer, h.before), resp.StatusCode, b)
+			if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"payment":"paid"`) || up.calls.Load() > calls+1 {
+				t.Fatalf("the charged buyer's retry (the remote member, which lists no signers, sent the transfer): %d %.300s; want the paid answer", resp.StatusCode, b)
+			}
+		})
+	}
+}
+
 // In a multi, the member that reads a payment's chain need not be the one
 // that sent it: here the remote (no rpc) settles and its reply is lost,
 // and the embedded evm member, with a relayer of its own, reads the

@@ -217,11 +217,12 @@ func heldSigners(ctx context.Context, f x402.Facilitator, network string, asking
 
 // knownSigners returns f's signers on network that no remote is asked
 // for: the embedded evm facilitator's relayer, a remote's as remembered
-// (rememberedSigners), every member's of a multi (a member that settles
-// another network adds a signer of the gate's own, which sends none of
-// this network's settlements), another module's by its own /supported
-// (within ask's bound). The paid path asks it of every claim: it never
-// waits on a remote's /supported.
+// (rememberedSigners), a multi's as memberSigners reads them (the union
+// of every member's that settles network, nil when one of them lists
+// none or has not been read: any sender's) from what the multi remembers
+// of its remote members, another module's by its own /supported (within
+// ask's bound). The paid path asks it of every claim: it never waits on a
+// remote's /supported.
 func knownSigners(ctx context.Context, f x402.Facilitator, network string) []common.Address {
 	switch f := f.(type) {
 	case *EVMFacilitator:
@@ -230,16 +231,19 @@ func knownSigners(ctx context.Context, f x402.Facilitator, network string) []com
 		return f.rememberedSigners(network)
 	case *MultiFacilitator:
 		var out []common.Address
-		for i, member := range f.fs {
-			if _, ok := member.(rememberingSigners); ok {
-				f.mu.Lock()
-				s, at := f.supported[i], f.at[i]
-				f.mu.Unlock()
-				if !at.IsZero() {
-					out = appendNew(out, evmSignersOf(s, network)...)
-				}
+		for i := range f.fs {
+			s, err := f.remembered(ctx, i)
+			if err != nil {
+				return nil
 			}
-			out = appendNew(out, knownSigners(ctx, member, network)...)
+			if !slices.ContainsFunc(s.Kinds, func(k x402.SupportedKind) bool { return k.Network == network }) {
+				continue
+			}
+			a := evmSignersOf(s, network)
+			if a == nil {
+				return nil
+			}
+			out = appendNew(out, a...)
 		}
 		return out
 	default:

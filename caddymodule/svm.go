@@ -578,6 +578,21 @@ func (m *MultiFacilitator) kinds(ctx context.Context, i int) (x402.SupportedResp
 	return s, nil
 }
 
+// remembered is member i's /supported as known without asking a remote:
+// a remote member's as the multi last read it (an error when it never
+// did), an embedded member's own (kinds: it asks no one).
+func (m *MultiFacilitator) remembered(ctx context.Context, i int) (x402.SupportedResponse, error) {
+	if _, remote := m.fs[i].(rememberingSigners); !remote {
+		return m.kinds(ctx, i)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.at[i].IsZero() {
+		return x402.SupportedResponse{}, errors.New("the member's /supported was never read")
+	}
+	return m.supported[i], nil
+}
+
 // ask returns the context of one member's /supported ask: ctx bounded by
 // multiAskTimeout and by half ctx's time left, and whether the caller's
 // deadline cut it short: to less than half of multiAskTimeout. A member
