@@ -31,7 +31,10 @@ import (
 // forwarding (nothing settles); in mode "refuse" it answers as the official
 // npm facilitator does for a gas estimate that reverted before anything
 // was sent: success false, invalid_exact_evm_transaction_failed,
-// transaction "" (the outcome unknown to the gate, nothing sent). Every
+// transaction "" (the outcome unknown to the gate, nothing sent); in mode
+// "redirect" it forwards /settle, lets the facilitator settle, and answers
+// 303 See Other to a result URL that is not there (processed, the result
+// elsewhere: the outcome unknown to a gate that follows no redirect). Every
 // other call is forwarded unchanged, /supported's answer through supported
 // when given (a 503 while supportedDown is set), and so is /settle once
 // pass is set (the path healed). The mode may be changed while it runs.
@@ -56,7 +59,8 @@ func newLossyProxy(t *testing.T, facURL, mode string, supported ...func(map[stri
 			}
 		}
 		settle := strings.HasSuffix(r.URL.Path, "/settle") && !p.pass.Load()
-		switch mode := p.mode.Load(); {
+		mode := p.mode.Load()
+		switch {
 		case strings.HasSuffix(r.URL.Path, "/supported") && p.supportedDown.Load():
 			http.Error(w, "down", http.StatusServiceUnavailable)
 			return
@@ -84,6 +88,11 @@ func newLossyProxy(t *testing.T, facURL, mode string, supported ...func(map[stri
 		resp.Body.Close()
 		if settle {
 			p.settles.Add(1)
+			if mode == "redirect" {
+				w.Header().Set("Location", "/settle/result/1")
+				w.WriteHeader(http.StatusSeeOther)
+				return
+			}
 			drop()
 			return
 		}
@@ -119,18 +128,27 @@ func remoteSite(up, facURL, rpc, storeDir string, multi ...bool) string {
 // with the same payment gets the held answer with PAYMENT-RESPONSE, charged
 // once, and the upstream hears "paid". Without rpc the gate cannot tell,
 // and the retry is still told to wait (never served, never asked to pay
-// again).
+// again). A settle answered with a redirect is such an unknown outcome
+// too. (Before: the gate followed the 303 with a GET, read its 404 as
+// "nothing settled" and released the payment: the buyer, charged, got 503
+// upstream_unavailable and then payment_already_used.)
 func TestRemoteUnknownSettlementResolvedFromTheChain(t *testing.T) {
 	d, facURL := sharedDevnet(t)
 	payer := evmfacilitator.DevAccounts()[8].Address
 	for _, tc := range []struct {
 		name           string
 		withRPC, multi bool
-	}{{"rpc", true, false}, {"rpc, inside multi", true, true}, {"no rpc", false, false}} {
+		mode           string // lossyProxy's
+	}{
+		{"rpc", true, false, "lose_reply"},
+		{"rpc, inside multi", true, true, "lose_reply"},
+		{"no rpc", false, false, "lose_reply"},
+		{"rpc, settle answered 303 See Other", true, false, "redirect"},
+	} {
 		withRPC := tc.withRPC
 		t.Run(tc.name, func(t *testing.T) {
 			up := newReportingUpstream(t)
-			proxy := newLossyProxy(t, facURL, "lose_reply")
+			proxy := newLossyProxy(t, facURL, tc.mode)
 			rpc := ""
 			if withRPC {
 				rpc = "rpc devnet " + d.RPCURL()

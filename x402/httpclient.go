@@ -85,7 +85,9 @@ type HTTPFacilitatorConfig struct {
 	DialTimeout time.Duration
 	// Client is the HTTP client; default one whose transport bounds the
 	// dial (DialTimeout) and the wait for the reply's headers (Timeout),
-	// with no timeout of its own (Timeout governs the whole call).
+	// with no timeout of its own (Timeout governs the whole call). Its
+	// CheckRedirect is replaced (on a copy): a redirect is never followed
+	// (refuseRedirect).
 	Client *http.Client
 	// MaxResponseBytes caps a reply body. Default DefaultMaxResponseBytes.
 	MaxResponseBytes int64
@@ -127,6 +129,9 @@ func NewHTTPFacilitator(cfg HTTPFacilitatorConfig) *HTTPFacilitator {
 	if cfg.Client == nil {
 		cfg.Client = &http.Client{Transport: deadlineTransport(cfg.DialTimeout, cfg.Timeout)}
 	}
+	c := *cfg.Client
+	c.CheckRedirect = refuseRedirect
+	cfg.Client = &c
 	if cfg.MaxResponseBytes <= 0 {
 		cfg.MaxResponseBytes = DefaultMaxResponseBytes
 	}
@@ -309,7 +314,7 @@ func (f *HTTPFacilitator) Supported(ctx context.Context) (SupportedResponse, err
 // with facilitator_unavailable and no transaction, which is a
 // *FacilitatorError: the facilitator sent nothing. Without a verdict: a
 // refused connection or a 4xx (other than 408 and 409) is a
-// *FacilitatorError, as nothing settled; everything else (timeout, dropped connection, 5xx,
+// *FacilitatorError, as nothing settled; everything else (timeout, dropped connection, 3xx, 5xx,
 // malformed or oversized reply, success:false that may follow a send:
 // settleUnknown) is an *UnknownOutcomeError.
 func (f *HTTPFacilitator) Settle(ctx context.Context, p PaymentPayload, req PaymentRequirements) (SettleResponse, error) {
@@ -462,6 +467,15 @@ func replyMembers(body []byte) (map[string]json.RawMessage, bool) {
 	}
 	return m, true
 }
+
+// refuseRedirect makes a 3xx the reply itself, never followed. A followed
+// redirect would send the configured Headers and basic auth to whatever
+// host the reply names, and would turn a POST /settle that the facilitator
+// took (303 See Other: processed, the result elsewhere) into a GET whose
+// 404 or dial error reads as "nothing settled": the payment released after
+// it was charged. Unfollowed, a 3xx carries no verdict: /verify and
+// /supported fail, and /settle's outcome is unknown.
+func refuseRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // isDialError reports whether err happened while connecting, before any
 // byte of the request was sent.

@@ -450,3 +450,77 @@ func TestFacilitatorURLCredentialsStayOutOfErrors(t *testing.T) {
 		t.Fatalf("a call's error: %v", err)
 	}
 }
+
+// A redirect is never followed: the 3xx is the reply. To /settle it
+// carries no verdict, so the outcome is unknown (the facilitator may have
+// settled: 303 See Other says it processed the POST); to /verify and
+// /supported it is an error. The host a redirect names receives nothing,
+// not the configured credential headers either. (Before: net/http followed
+// it, the 303's GET drew a 404 or a dial error that Settle read as
+// "nothing settled", so the gate released a payment that was charged, and
+// X-Api-Key went to the other host, whose verdict was taken.)
+func TestHTTPFacilitatorRefusesRedirects(t *testing.T) {
+	p, req := samplePayment(t)
+	var elsewhere atomic.Int32
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		elsewhere.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"isValid":true,"success":true,"transaction":"0xabc","kinds":[]}`)
+	}))
+	t.Cleanup(other.Close)
+	// Same loopback, another host name: a redirect to another host.
+	otherURL := strings.Replace(other.URL, "127.0.0.1", "localhost", 1)
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL
+	dead.Close() // its port now refuses connections
+	for _, tc := range []struct {
+		desc     string
+		status   int
+		location string
+		call     func(*HTTPFacilitator) error
+		unknown  bool // settle: *UnknownOutcomeError, else *FacilitatorError
+	}{
+		{"settle answered 303 See Other: outcome unknown", http.StatusSeeOther, "/settle/result/1", func(f *HTTPFacilitator) error {
+			_, err := f.Settle(context.Background(), p, req)
+			return err
+		}, true},
+		{"settle answered 307 to a dead host: outcome unknown, not a dial error", http.StatusTemporaryRedirect, deadURL + "/settle", func(f *HTTPFacilitator) error {
+			_, err := f.Settle(context.Background(), p, req)
+			return err
+		}, true},
+		{"settle answered 307 to another host: outcome unknown", http.StatusTemporaryRedirect, otherURL + "/settle", func(f *HTTPFacilitator) error {
+			_, err := f.Settle(context.Background(), p, req)
+			return err
+		}, true},
+		{"verify answered 307 to another host: an error", http.StatusTemporaryRedirect, otherURL + "/verify", func(f *HTTPFacilitator) error {
+			_, err := f.Verify(context.Background(), p, req)
+			return err
+		}, false},
+		{"supported answered 302 to another host: an error", http.StatusFound, otherURL + "/supported", func(f *HTTPFacilitator) error {
+			_, err := f.Supported(context.Background())
+			return err
+		}, false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			elsewhere.Store(0)
+			srv, calls := scriptServer(t, scripted{status: tc.status, header: map[string]string{"Location": tc.location}})
+			f := NewHTTPFacilitator(HTTPFacilitatorConfig{URL: srv.URL, Timeout: 2 * time.Second, Backoff: time.Millisecond,
+				Headers: map[string]string{"X-Api-Key": "sk-secret"}})
+			err := tc.call(f)
+			var ue *UnknownOutcomeError
+			var fe *FacilitatorError
+			switch {
+			case tc.unknown && !errors.As(err, &ue):
+				t.Fatalf("got %v; want an *UnknownOutcomeError", err)
+			case !tc.unknown && (!errors.As(err, &fe) || fe.Status != tc.status):
+				t.Fatalf("got %v; want a *FacilitatorError with status %d", err, tc.status)
+			}
+			if n := calls.Load(); n != 1 {
+				t.Fatalf("the facilitator got %d requests, want 1", n)
+			}
+			if n := elsewhere.Load(); n != 0 {
+				t.Fatalf("the host the redirect named got %d requests, want none", n)
+			}
+		})
+	}
+}
