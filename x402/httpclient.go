@@ -9,9 +9,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -313,7 +315,8 @@ func (f *HTTPFacilitator) Supported(ctx context.Context) (SupportedResponse, err
 // its status (success:true means the money moved), except success:false
 // with facilitator_unavailable and no transaction, which is a
 // *FacilitatorError: the facilitator sent nothing. Without a verdict: a
-// refused connection or a 4xx (other than 408 and 409) is a
+// connection never made (refused, or its TLS handshake failed:
+// neverConnected) or a 4xx (other than 408 and 409) is a
 // *FacilitatorError, as nothing settled; everything else (timeout, dropped connection, 3xx, 5xx,
 // malformed or oversized reply, success:false that may follow a send:
 // settleUnknown) is an *UnknownOutcomeError.
@@ -330,7 +333,7 @@ func (f *HTTPFacilitator) Settle(ctx context.Context, p PaymentPayload, req Paym
 	defer cancel()
 	r, err := f.do(ctx, http.MethodPost, "/settle", body)
 	if err != nil {
-		if r.status == 0 && isDialError(err) {
+		if r.unsent {
 			return out, &FacilitatorError{Op: "settle", Err: err}
 		}
 		return out, &UnknownOutcomeError{Op: "settle", Err: err}
@@ -413,11 +416,16 @@ type reply struct {
 	status     int
 	body       []byte
 	retryAfter time.Duration
+	// unsent reports, with an error, that no byte of the request left
+	// this process: no connection was ever made for it (neverConnected).
+	unsent bool
 }
 
 // do sends one request and reads a capped reply. A non-nil error with a
 // non-zero status means the reply arrived but could not be read whole.
 func (f *HTTPFacilitator) do(ctx context.Context, method, path string, body []byte) (reply, error) {
+	var nc neverConnected
+	ctx = httptrace.WithClientTrace(ctx, nc.trace())
 	u := *f.base
 	u.Path += path
 	var rd io.Reader
@@ -441,7 +449,7 @@ func (f *HTTPFacilitator) do(ctx context.Context, method, path string, body []by
 	}
 	resp, err := f.cfg.Client.Do(req)
 	if err != nil {
-		return reply{}, err
+		return reply{unsent: nc.is(err)}, err
 	}
 	defer resp.Body.Close()
 	r := reply{status: resp.StatusCode}
@@ -477,9 +485,30 @@ func replyMembers(body []byte) (map[string]json.RawMessage, bool) {
 // /supported fail, and /settle's outcome is unknown.
 func refuseRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
-// isDialError reports whether err happened while connecting, before any
-// byte of the request was sent.
-func isDialError(err error) bool {
+// neverConnected tells a request that failed before any connection was
+// handed it: its TCP dial or TLS handshake (refused, timed out, a
+// certificate not trusted) or a proxy's CONNECT failed, so no byte of it
+// was sent. net/http's transport reports GetConn when it starts to get a
+// connection and GotConn once it has one, before writing a byte, both on
+// the goroutine of the call, so a call that ended between the two sent
+// nothing. A request that was written, in part or whole, had its GotConn
+// first: its lost reply stays an unknown outcome. A transport that traces
+// nothing (a Client given in the config) is judged by its error alone: a
+// dial error.
+type neverConnected struct{ asked, connected atomic.Bool }
+
+func (n *neverConnected) trace() *httptrace.ClientTrace {
+	return &httptrace.ClientTrace{
+		GetConn: func(string) { n.asked.Store(true) },
+		GotConn: func(httptrace.GotConnInfo) { n.connected.Store(true) },
+	}
+}
+
+// is reports whether the call that failed with err sent nothing.
+func (n *neverConnected) is(err error) bool {
+	if n.asked.Load() {
+		return !n.connected.Load()
+	}
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "dial"
 }

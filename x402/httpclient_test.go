@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -27,8 +28,17 @@ type scripted struct {
 // repeats) and counts requests.
 func scriptServer(t *testing.T, replies ...scripted) (*httptest.Server, *atomic.Int32) {
 	t.Helper()
+	srv, n := scriptedServer(replies)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv, n
+}
+
+// scriptedServer is scriptServer's server, not started (to start it with
+// TLS).
+func scriptedServer(replies []scripted) (*httptest.Server, *atomic.Int32) {
 	var n atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		i := int(n.Add(1)) - 1
 		if i >= len(replies) {
 			i = len(replies) - 1
@@ -43,8 +53,11 @@ func scriptServer(t *testing.T, replies ...scripted) (*httptest.Server, *atomic.
 			}
 		}
 		if rep.status == 0 {
-			conn, _, err := w.(http.Hijacker).Hijack()
-			if err == nil {
+			hj, ok := w.(http.Hijacker)
+			if !ok { // HTTP/2: reset the stream
+				panic(http.ErrAbortHandler)
+			}
+			if conn, _, err := hj.Hijack(); err == nil {
 				conn.Close()
 			}
 			return
@@ -55,7 +68,6 @@ func scriptServer(t *testing.T, replies ...scripted) (*httptest.Server, *atomic.
 		w.WriteHeader(rep.status)
 		io.WriteString(w, rep.body)
 	}))
-	t.Cleanup(srv.Close)
 	return srv, &n
 }
 
@@ -520,6 +532,69 @@ func TestHTTPFacilitatorRefusesRedirects(t *testing.T) {
 			}
 			if n := elsewhere.Load(); n != 0 {
 				t.Fatalf("the host the redirect named got %d requests, want none", n)
+			}
+		})
+	}
+}
+
+// A settle whose TLS handshake failed sent nothing: a handshake that never
+// completes (DialTimeout bounds it) and a certificate the client does not
+// trust are each a *FacilitatorError, and the facilitator got no request.
+// A request written whole over TLS whose reply was lost (the connection
+// dropped, over HTTP/1.1 and HTTP/2) stays an unknown outcome. (Before: a
+// failed TLS handshake was an unknown outcome, so the gate held the
+// payment as settlement_pending until it expired, for a request never
+// sent.)
+func TestHTTPFacilitatorSettleOverTLS(t *testing.T) {
+	p, req := samplePayment(t)
+	settle := func(f *HTTPFacilitator) error {
+		_, err := f.Settle(context.Background(), p, req)
+		return err
+	}
+	t.Run("a handshake that never completes sent nothing", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() { // accepts and reads the ClientHello, never answers
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					io.Copy(io.Discard, c)
+					c.Close()
+				}()
+			}
+		}()
+		err = settle(NewHTTPFacilitator(HTTPFacilitatorConfig{URL: "https://" + ln.Addr().String(), Timeout: 10 * time.Second, DialTimeout: 200 * time.Millisecond}))
+		var fe *FacilitatorError
+		if !errors.As(err, &fe) {
+			t.Fatalf("got %v; want a *FacilitatorError", err)
+		}
+	})
+	t.Run("an untrusted certificate sent nothing", func(t *testing.T) {
+		srv, calls := scriptedServer([]scripted{{status: 200, body: `{"success":true,"transaction":"0xabc"}`}})
+		srv.StartTLS()
+		t.Cleanup(srv.Close)
+		err := settle(testClient(srv.URL))
+		var fe *FacilitatorError
+		if !errors.As(err, &fe) || calls.Load() != 0 {
+			t.Fatalf("got %v after %d requests; want a *FacilitatorError and none", err, calls.Load())
+		}
+	})
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("a reply lost after the request (HTTP/2 %v) is an unknown outcome", h2), func(t *testing.T) {
+			srv, calls := scriptedServer([]scripted{{status: 0}})
+			srv.EnableHTTP2 = h2
+			srv.StartTLS()
+			t.Cleanup(srv.Close)
+			err := settle(NewHTTPFacilitator(HTTPFacilitatorConfig{URL: srv.URL, Timeout: 10 * time.Second, Client: srv.Client()}))
+			var ue *UnknownOutcomeError
+			if !errors.As(err, &ue) || calls.Load() != 1 {
+				t.Fatalf("got %v after %d requests; want an *UnknownOutcomeError after 1", err, calls.Load())
 			}
 		})
 	}
