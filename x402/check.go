@@ -62,12 +62,8 @@ func CheckExactEVM(p PaymentPayload, req PaymentRequirements, now time.Time) (Ex
 		return c, prefixField(err, "payload")
 	}
 	c.Payload, c.Values = ep, values
-	if !sameHexAddress(ep.Authorization.To, req.PayTo) {
-		return fail(ReasonExactEVMRecipientMismatch, "payload.authorization.to", "is not the requirements' payTo")
-	}
-	amount, ok := parseUint256(req.Amount)
-	if !ok || c.Values.Value.Cmp(amount) != 0 {
-		return fail(ReasonExactEVMValueMismatch, "payload.authorization.value", "is not the required amount")
+	if err := values.CheckPays(req); err != nil {
+		return c, err
 	}
 	if c.Values.ValidBefore.Cmp(big.NewInt(now.Add(ValidBeforeMargin).Unix())) < 0 {
 		return fail(ReasonExactEVMValidBefore, "payload.authorization.validBefore", "is too soon: the authorization expires before it can settle")
@@ -95,6 +91,24 @@ func CheckExactEVM(p PaymentPayload, req PaymentRequirements, now time.Time) (Ex
 	}
 	c.Recovered = true
 	return c, nil
+}
+
+// CheckPays checks that the authorization v pays req: to is its payTo and
+// value exactly its amount, CheckExactEVM's checks that need neither the
+// clock nor the signature (the signature binds the asset and chain of req,
+// as the facilitator recovers it against them). A gate runs it on the
+// authorization it read before it claims the payment: a facilitator that
+// judged the authorization by itself would settle, and report success
+// for, a payment of another value or to another account. A refusal is a
+// *PaymentError with the reference reason.
+func (v AuthorizationValues) CheckPays(req PaymentRequirements) error {
+	if !isHexAddress(req.PayTo) || common.HexToAddress(req.PayTo) != v.To {
+		return &PaymentError{Kind: ErrInvalidPayment, Reason: ReasonExactEVMRecipientMismatch, Field: "payload.authorization.to", Problem: "is not the requirements' payTo"}
+	}
+	if amount, ok := parseUint256(req.Amount); !ok || v.Value == nil || v.Value.Cmp(amount) != 0 {
+		return &PaymentError{Kind: ErrInvalidPayment, Reason: ReasonExactEVMValueMismatch, Field: "payload.authorization.value", Problem: "is not the required amount"}
+	}
+	return nil
 }
 
 // prefixField returns err with its *PaymentError field under prefix.
