@@ -294,14 +294,19 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if err != nil {
 		return ex.demand(w, r, http.StatusBadRequest, "Invalid payment: "+err.Error(), reasonFor(err, x402.ReasonInvalidPayload), nil)
 	}
-	// The accepted copy matched an offer; the signed authorization must pay
-	// it too, whatever the facilitator's verdict: one that judged the
-	// authorization by itself would settle, and report success for, 1 atom
-	// or a transfer to another account. Nothing is claimed or charged.
-	if auth != nil {
-		if err := auth.CheckPays(offer); err != nil {
-			return ex.demand(w, r, http.StatusPaymentRequired, "Invalid payment: "+err.Error(), x402.ReasonOf(err), nil)
-		}
+	// The accepted copy matched an offer; what is signed must pay it too,
+	// whatever the facilitator's verdict: one that judged the authorization
+	// or transaction by itself would settle, and report success for, 1
+	// atom or a transfer to another account. Nothing is claimed or charged.
+	var unpaid error
+	switch {
+	case auth != nil:
+		unpaid = auth.CheckPays(offer)
+	case svmTx != nil:
+		unpaid = svmTx.CheckPays(offer)
+	}
+	if unpaid != nil {
+		return ex.demand(w, r, http.StatusPaymentRequired, "Invalid payment: "+unpaid.Error(), x402.ReasonOf(unpaid), nil)
 	}
 	keys, until := claimKeys(raw, offer, auth, svmTx)
 	until = pid.holdUntil(until)

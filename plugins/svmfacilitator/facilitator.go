@@ -752,14 +752,11 @@ func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequire
 	if price > f.cfg.MaxComputeUnitPrice {
 		return refuse(ReasonComputePriceTooHigh, "", fmt.Sprintf("compute unit price %d micro-lamports is over %d", price, f.cfg.MaxComputeUnitPrice))
 	}
-	// 3: TransferChecked (tag 12; source, mint, destination, authority;
-	// u64 amount, u8 decimals) on SPL Token or Token-2022.
-	xfer := ixs[2]
-	program := tx.Program(xfer)
-	if (program != TokenProgram && program != Token2022Program) || len(xfer.Data) != 10 || xfer.Data[0] != 12 || len(xfer.Accounts) < 4 {
-		return refuse(ReasonNoTransferInstruction, "", "instruction 3 must be TransferChecked of SPL Token or Token-2022")
+	xfer, ok := transferOf(tx)
+	if !ok {
+		return refuse(ReasonNoTransferInstruction, "", noTransfer)
 	}
-	source, mint, dest, authority := tx.Account(xfer, 0), tx.Account(xfer, 1), tx.Account(xfer, 2), tx.Account(xfer, 3)
+	source, mint, authority, program := xfer.source, xfer.mint, xfer.authority, xfer.program
 	payer := authority.String()
 	// The fee payer signs everything it appears in: it must be neither the
 	// authority nor the source, nor any account of any instruction (nor a
@@ -772,15 +769,8 @@ func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequire
 			return refuse(ReasonFeePayerTransferringFunds, payer, "the fee payer appears in an instruction")
 		}
 	}
-	if mint.String() != req.Asset {
-		return refuse(ReasonMintMismatch, payer, "the transfer's mint is not the asset")
-	}
-	payTo, err := ParsePublicKey(req.PayTo)
-	if err != nil || dest != AssociatedTokenAddress(payTo, mint, program) {
-		return refuse(ReasonRecipientMismatch, payer, "the destination is not payTo's associated token account")
-	}
-	if amount := binary.LittleEndian.Uint64(xfer.Data[1:9]); strconv.FormatUint(amount, 10) != req.Amount {
-		return refuse(ReasonAmountMismatch, payer, "the transfer amount is not the required amount")
+	if reason, msg := xfer.pays(req); reason != "" {
+		return refuse(reason, payer, msg)
 	}
 	// 4-7: only Memo or Lighthouse.
 	unknown := []string{ReasonUnknownFourthInstruction, ReasonUnknownFifthInstruction, ReasonUnknownSixthInstruction, ReasonUnknownSeventhInstruction}
@@ -808,6 +798,68 @@ func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequire
 	// (refuseOverBudget), Settle's only after it looked the transaction up.
 	x := exposureOf(int(tx.NumSigners), units, price, authority, source)
 	return &checked{tx: tx, payer: payer, signed: signed, reused: signed != nil, slot: slot, exposure: x, mint: mint, program: program}
+}
+
+// transfer is a payment's token transfer, its instruction 3.
+type transfer struct {
+	source, mint, dest, authority PublicKey
+	program                       PublicKey // SPL Token or Token-2022
+	amount                        uint64
+}
+
+// noTransfer is the refusal of a transaction transferOf finds no transfer in.
+const noTransfer = "instruction 3 must be TransferChecked of SPL Token or Token-2022"
+
+// transferOf reads tx's instruction 3, which must be TransferChecked (tag
+// 12; source, mint, destination, authority; u64 amount, u8 decimals) on
+// SPL Token or Token-2022.
+func transferOf(tx *Transaction) (transfer, bool) {
+	if len(tx.Instructions) < 3 {
+		return transfer{}, false
+	}
+	ix := tx.Instructions[2]
+	program := tx.Program(ix)
+	if (program != TokenProgram && program != Token2022Program) || len(ix.Data) != 10 || ix.Data[0] != 12 || len(ix.Accounts) < 4 {
+		return transfer{}, false
+	}
+	return transfer{source: tx.Account(ix, 0), mint: tx.Account(ix, 1), dest: tx.Account(ix, 2), authority: tx.Account(ix, 3),
+		program: program, amount: binary.LittleEndian.Uint64(ix.Data[1:9])}, true
+}
+
+// pays reports why t does not pay req (a reason and a message), or "":
+// the mint is the asset, the destination payTo's associated token account
+// of it, the amount exactly req's.
+func (t transfer) pays(req x402.PaymentRequirements) (reason, msg string) {
+	if t.mint.String() != req.Asset {
+		return ReasonMintMismatch, "the transfer's mint is not the asset"
+	}
+	payTo, err := ParsePublicKey(req.PayTo)
+	if err != nil || t.dest != AssociatedTokenAddress(payTo, t.mint, t.program) {
+		return ReasonRecipientMismatch, "the destination is not payTo's associated token account"
+	}
+	if strconv.FormatUint(t.amount, 10) != req.Amount {
+		return ReasonAmountMismatch, "the transfer amount is not the required amount"
+	}
+	return "", ""
+}
+
+// CheckPays checks that tx pays req: its instruction 3 transfers exactly
+// req's amount of req's asset to payTo's associated token account, the
+// checks of Verify that need neither the chain nor the facilitator. A gate
+// runs it on the transaction it read before it claims the payment: a
+// facilitator that judged the transaction by itself would settle, and
+// report success for, a payment of another amount or to another account.
+// A refusal is a *x402.PaymentError with the facilitator's reason.
+func (tx *Transaction) CheckPays(req x402.PaymentRequirements) error {
+	t, ok := transferOf(tx)
+	reason, msg := ReasonNoTransferInstruction, noTransfer
+	if ok {
+		reason, msg = t.pays(req)
+	}
+	if reason == "" {
+		return nil
+	}
+	return &x402.PaymentError{Kind: x402.ErrInvalidPayment, Reason: reason, Field: "payload.transaction", Problem: msg}
 }
 
 // exposureOf is what a failure on chain of a payment of signers

@@ -211,6 +211,17 @@ func TestVerifyRefusals(t *testing.T) {
 			if v.IsValid || v.InvalidReason != c.reason {
 				t.Fatalf("verify: %+v, want %s", v, c.reason)
 			}
+			// A gate's CheckPays refuses a transfer that does not pay for
+			// the same reason.
+			if paysReasons[c.reason] {
+				tx, err := DecodePayload(pp.Payload)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := tx.CheckPays(req); x402.ReasonOf(err) != c.reason {
+					t.Fatalf("CheckPays: %v, want %s", err, c.reason)
+				}
+			}
 			s, err := e.f.Settle(context.Background(), pp, req)
 			if err != nil {
 				t.Fatal(err)
@@ -228,11 +239,17 @@ func TestVerifyRefusals(t *testing.T) {
 	}
 }
 
+// paysReasons are the refusals of Transaction.CheckPays.
+var paysReasons = map[string]bool{ReasonNoTransferInstruction: true, ReasonMintMismatch: true, ReasonRecipientMismatch: true, ReasonAmountMismatch: true}
+
 func TestSettlePaysOnceAndRefusesReplays(t *testing.T) {
 	e := newEnv(t, Config{})
 	p := e.payment(t)
 	raw := p.Build(p.Instructions())
 	pp := Payload(raw, e.req)
+	if tx, err := DecodePayload(pp.Payload); err != nil || tx.CheckPays(e.req) != nil {
+		t.Fatalf("a payment that pays: %v; CheckPays refuses it", err)
+	}
 
 	v, err := e.f.Verify(context.Background(), pp, e.req)
 	if err != nil || !v.IsValid || v.Payer != pub(e.payer).String() {

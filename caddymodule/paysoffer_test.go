@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"bytes"
+	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -17,17 +18,19 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 
+	"github.com/aovhq/aov/internal/base58"
 	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/plugins/svmfacilitator"
 	"github.com/aovhq/aov/x402"
 )
 
 // fakeLaxRemote is a FAKE FOR A FAULT that no facilitator of ours has: a
-// remote facilitator (the devnet facilitator's x402 HTTP API behind it)
-// that judges a payment by its signed authorization alone, as if the
-// requirements asked for what the authorization pays, so it verifies and
-// settles a payment of another value or to another account. It counts the
-// /verify and /settle calls it gets.
-func fakeLaxRemote(t *testing.T, facURL string) (*httptest.Server, *atomic.Int32) {
+// remote facilitator (one of ours behind its x402 HTTP API, at facURL)
+// that judges a payment by what is signed alone: judge rewrites the
+// requirements (and the accepted copy) into what the payload pays, so it
+// verifies and settles a payment of another amount or to another account.
+// It counts the /verify and /settle calls it gets.
+func fakeLaxRemote(t *testing.T, facURL string, judge func(req, payload map[string]any)) (*httptest.Server, *atomic.Int32) {
 	t.Helper()
 	var calls atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -38,10 +41,9 @@ func fakeLaxRemote(t *testing.T, facURL string) (*httptest.Server, *atomic.Int32
 			if json.Unmarshal(body, &m) == nil {
 				pp, _ := m["paymentPayload"].(map[string]any)
 				pl, _ := pp["payload"].(map[string]any)
-				au, _ := pl["authorization"].(map[string]any)
 				for _, req := range []any{m["paymentRequirements"], pp["accepted"]} {
-					if rq, ok := req.(map[string]any); ok && au != nil {
-						rq["amount"], rq["payTo"] = au["value"], au["to"]
+					if rq, ok := req.(map[string]any); ok && pl != nil {
+						judge(rq, pl)
 					}
 				}
 				body, _ = json.Marshal(m)
@@ -76,7 +78,11 @@ func TestGateRefusesAnAuthorizationThatDoesNotPayItsOffer(t *testing.T) {
 	d, facURL := sharedDevnet(t)
 	const key = 7
 	payer := evmfacilitator.DevAccounts()[key].Address
-	remote, calls := fakeLaxRemote(t, facURL)
+	remote, calls := fakeLaxRemote(t, facURL, func(req, payload map[string]any) {
+		if au, ok := payload["authorization"].(map[string]any); ok {
+			req["amount"], req["payTo"] = au["value"], au["to"]
+		}
+	})
 	up := newReportingUpstream(t)
 	base := startCaddy(t, remoteSite(up.URL, remote.URL, "rpc devnet "+d.RPCURL(), filepath.Join(t.TempDir(), "gate")))
 	url := base + "/verify/schema"
@@ -119,5 +125,46 @@ func TestGateRefusesAnAuthorizationThatDoesNotPayItsOffer(t *testing.T) {
 	}
 	if got := charged(t, d, payer, before); got.String() != offer.Amount {
 		t.Fatalf("charged %v, want %s", got, offer.Amount)
+	}
+}
+
+// The same on Solana: a transaction whose transfer is not the offer's
+// amount is a 402 with the facilitator's reason, nothing charged, the
+// facilitator never asked. (Before: a lax remote's verdict got the call served for 1 atom.)
+func TestGateRefusesASolanaTransactionThatDoesNotPayItsOffer(t *testing.T) {
+	e := newSolanaEnv(t)
+	remote, calls := fakeLaxRemote(t, remoteSVMFacilitator(t, e), func(req, _ map[string]any) { req["amount"] = "1" })
+	base := startCaddy(t, solanaSite(newUpstream(t).URL, "http "+remote.URL, e, filepath.Join(t.TempDir(), "gate")))
+	url := base + "/verify/schema"
+	pr := paymentRequired(t, post(t, url, "", nil))
+	offer := pr.Accepts[0]
+	sk, err := base58.Decode(e.payer.SecretKey)
+	if err != nil || len(sk) != 64 {
+		t.Fatalf("payer key: %v", err)
+	}
+	fee, _ := offer.Extra["feePayer"].(string)
+	feePub, _ := svmfacilitator.ParsePublicKey(fee)
+	payTo, _ := svmfacilitator.ParsePublicKey(offer.PayTo)
+	mint, _ := svmfacilitator.ParsePublicKey(offer.Asset)
+	bh, _ := svmfacilitator.ParsePublicKey(e.chain.LatestBlockhash())
+	p := svmfacilitator.Payment{FeePayer: feePub, Authority: ed25519.PrivateKey(sk), Mint: mint, Program: svmfacilitator.TokenProgram,
+		PayTo: payTo, Amount: 1, Decimals: 6, Blockhash: bh}
+	pp := svmfacilitator.Payload(p.Transaction(), offer)
+	pp.Resource = &pr.Resource
+	hdr, err := x402.EncodeHeader(pp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := e.usdc(t, e.payer.Address)
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: hdr})
+	body := readJSONString(t, resp)
+	if resp.StatusCode != http.StatusPaymentRequired || !strings.Contains(body, `"reason":"`+svmfacilitator.ReasonAmountMismatch+`"`) {
+		t.Fatalf("a transfer of 1 atom: status %d: %s; want 402 %s", resp.StatusCode, body, svmfacilitator.ReasonAmountMismatch)
+	}
+	if n := calls.Load(); n != 0 {
+		t.Fatalf("the facilitator was asked %d times", n)
+	}
+	if got := before - e.usdc(t, e.payer.Address); got != 0 {
+		t.Fatalf("charged %d", got)
 	}
 }
