@@ -506,8 +506,11 @@ func (n *neverConnected) trace() *httptrace.ClientTrace {
 
 // is reports whether the call that failed with err sent nothing.
 func (n *neverConnected) is(err error) bool {
-	if n.asked.Load() {
-		return !n.connected.Load()
+	switch {
+	case n.connected.Load():
+		return false
+	case n.asked.Load():
+		return true
 	}
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "dial"
