@@ -18,8 +18,11 @@ import (
 // a $0.02 payment held with settle before and its settle reply lost is
 // answered only by the gate of the resource and offer it paid for. Retried
 // on a $1.00 gate (with the $0.02 offer it accepted, or with accepted
-// rewritten to the $1.00 offer, which is not signed) it runs nothing; its
-// retry on its own gate still gets the call it paid for.
+// rewritten to the $1.00 offer, which is not signed) it runs nothing: 402
+// payment_already_used, or, rewritten, the value mismatch of an
+// authorization that does not pay the offer its accepted copy names,
+// found before any claim is looked at; its retry on its own gate still
+// gets the call it paid for.
 func TestHeldPaymentAnsweredOnlyByItsResourceAndOffer(t *testing.T) {
 	sharedDevnet(t)
 	basic, gold, pro := newUpstream(t), newUpstream(t), newUpstream(t)
@@ -100,7 +103,11 @@ func TestHeldPaymentAnsweredOnlyByItsResourceAndOffer(t *testing.T) {
 			if tc.dear.calls.Load() != d0 {
 				t.Fatalf("the $1.00 upstream ran for the $0.02 payment: %d %s", resp.StatusCode, b)
 			}
-			if resp.StatusCode != http.StatusPaymentRequired || !strings.Contains(string(b), x402.ReasonPaymentAlreadyUsed) {
+			want := x402.ReasonPaymentAlreadyUsed
+			if tc.rewrite {
+				want = x402.ReasonExactEVMValueMismatch
+			}
+			if resp.StatusCode != http.StatusPaymentRequired || !strings.Contains(string(b), `"reason":"`+want+`"`) {
 				t.Fatalf("retry on the $1.00 gate: %d %s", resp.StatusCode, b)
 			}
 			resp = post(t, url, validRequest, withHeader(basicHdr, x402.HeaderPaymentSignature, sig))
