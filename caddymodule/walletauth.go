@@ -293,7 +293,12 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		}
 	}
 	if len(auth) > 1 || len(siwx) > 1 {
-		return wa.refuse(w, r, &walletauth.Error{Kind: walletauth.ErrMalformed, Header: walletauth.HeaderName,
+		// Named as sent, so the client mends the header it repeated.
+		header := walletauth.HeaderName
+		if len(auth) < 2 {
+			header = walletauth.SIWXHeaderName
+		}
+		return wa.refuse(w, r, &walletauth.Error{Kind: walletauth.ErrMalformed, Header: header,
 			Problem: "was sent more than once", Fix: "Send one proof per request."})
 	}
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)

@@ -151,3 +151,15 @@ func TestSiteWideWalletAuthLeavesSignInWithXToTheRoute(t *testing.T) {
 		t.Fatalf("the payer's sign-in: status %d, upstream saw %v (want 200 as wallet %s, on its earlier payment, no X-Aov-Payment)", st, body, walletAddr(6))
 	}
 }
+
+// TestDuplicateSignInWithXNamesItsHeader: a request that sends
+// SIGN-IN-WITH-X twice (and no X-Wallet-Auth) is refused 401 naming
+// SIGN-IN-WITH-X, the header to mend. (Before: the refusal named
+// X-Wallet-Auth, which the client never sent.)
+func TestDuplicateSignInWithXNamesItsHeader(t *testing.T) {
+	up := walletUpstream(t)
+	base := startCaddy(t, nestedWalletSite(up.URL))
+	// walletCall sends "a\x00b" as two headers.
+	st, hdr, body := walletCall(t, "GET", base+"/who/me", "", map[string]string{walletauth.SIWXHeaderName: "a\x00b"})
+	wantUnauthorized(t, st, hdr, body, walletauth.SIWXHeaderName)
+}
