@@ -281,10 +281,11 @@ func (v *Verifier) VerifySIWXProof(ctx context.Context, s *SIWX, want SIWXExpect
 		}
 	}
 	if IsSolanaChain(s.ChainID) {
-		if err := v.verifySolana(ctx, h, s.Message(), s.Address, s.Signature, s.Nonce, until, want.NonceSpent); err != nil {
+		claim, err := v.verifySolana(ctx, h, s.Message(), s.Address, s.Signature, s.Nonce, until, want.NonceSpent)
+		if err != nil {
 			return Proof{}, err
 		}
-		return Proof{Account: s.Address, ChainID: s.ChainID, Expires: until}, nil
+		return Proof{Account: s.Address, ChainID: s.ChainID, Expires: until, nonce: claim}, nil
 	}
 	addr := common.HexToAddress(s.Address)
 	sig, _ := parseSignature(h, s.Signature)
@@ -292,10 +293,11 @@ func (v *Verifier) VerifySIWXProof(ctx context.Context, s *SIWX, want SIWXExpect
 	if err != nil {
 		return Proof{}, err
 	}
-	if err := v.claimNonce(ctx, h, addr, s.Nonce, until, want.NonceSpent); err != nil {
+	claim, err := v.claimNonce(ctx, h, addr, s.Nonce, until, want.NonceSpent)
+	if err != nil {
 		return Proof{}, err
 	}
-	return Proof{Address: addr, ChainID: s.ChainID, Contract: contract, Expires: until}, nil
+	return Proof{Address: addr, ChainID: s.ChainID, Contract: contract, Expires: until, nonce: claim}, nil
 }
 
 // SIWXChallenge is the sign-in-with-x entry of a 402's extensions for a

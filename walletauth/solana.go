@@ -83,18 +83,19 @@ func solanaText(m *siwe) string {
 }
 
 // verifySolana checks an ed25519 proof by address over text, then claims
-// (address, nonce) until until unless spent, as the EVM proofs do.
-func (v *Verifier) verifySolana(ctx context.Context, header, text, address, signature, nonce string, until time.Time, spent bool) error {
+// (address, nonce) until until unless spent, as the EVM proofs do, and
+// returns the claim it made (claimNonceKey).
+func (v *Verifier) verifySolana(ctx context.Context, header, text, address, signature, nonce string, until time.Time, spent bool) (*store.Claim, error) {
 	key, err := solanaKey(header, address)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	sig, err := solanaSignature(header, signature)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if !ed25519.Verify(key, []byte(text), sig) {
-		return refuse(ErrBadSignature, header, "signature", "is not a signature of this message by the address", "Sign the CAIP-122 text of exactly these fields with the Solana wallet (signMessage).")
+		return nil, refuse(ErrBadSignature, header, "signature", "is not a signature of this message by the address", "Sign the CAIP-122 text of exactly these fields with the Solana wallet (signMessage).")
 	}
 	// Base58 is case-sensitive: the address is the key as given.
 	return v.claimNonceKey(ctx, header, nonceKey("solana/"+address, nonce), until, spent)

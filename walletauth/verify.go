@@ -115,6 +115,8 @@ type Proof struct {
 	Contract bool
 	// Expires is when the proof stops being valid.
 	Expires time.Time
+
+	nonce *store.Claim // the claim the check made on the nonce (ReleaseNonce); nil when none
 }
 
 // ourDomain reports whether domain is one the proof may name: one of
@@ -211,10 +213,11 @@ func (v *Verifier) VerifyEnvelope(ctx context.Context, e *Envelope, want Expect)
 		return Proof{}, refuse(ErrExpired, h, "expiration_time", "is in the past", "Sign a fresh proof for each request.")
 	}
 	if IsSolanaChain(e.ChainID) {
-		if err := v.verifySolana(ctx, h, e.Message(), e.Address, e.Signature, e.Nonce, expires, want.NonceSpent); err != nil {
+		claim, err := v.verifySolana(ctx, h, e.Message(), e.Address, e.Signature, e.Nonce, expires, want.NonceSpent)
+		if err != nil {
 			return Proof{}, err
 		}
-		return Proof{Account: e.Address, AgentID: e.AgentID, ChainID: e.ChainID, Expires: expires}, nil
+		return Proof{Account: e.Address, AgentID: e.AgentID, ChainID: e.ChainID, Expires: expires, nonce: claim}, nil
 	}
 	addr := common.HexToAddress(e.Address)
 	sig, _ := parseSignature(h, e.Signature)
@@ -222,10 +225,11 @@ func (v *Verifier) VerifyEnvelope(ctx context.Context, e *Envelope, want Expect)
 	if err != nil {
 		return Proof{}, err
 	}
-	if err := v.claimNonce(ctx, h, addr, e.Nonce, expires, want.NonceSpent); err != nil {
+	claim, err := v.claimNonce(ctx, h, addr, e.Nonce, expires, want.NonceSpent)
+	if err != nil {
 		return Proof{}, err
 	}
-	return Proof{Address: addr, AgentID: e.AgentID, ChainID: e.ChainID, Contract: contract, Expires: expires}, nil
+	return Proof{Address: addr, AgentID: e.AgentID, ChainID: e.ChainID, Contract: contract, Expires: expires, nonce: claim}, nil
 }
 
 // checkSignature accepts sig over text when it recovers to addr, or else
@@ -390,23 +394,36 @@ func refusedByWallet(err error) bool {
 func nonceKey(wallet, nonce string) string { return "wallet-auth/nonce/" + wallet + "/" + nonce }
 
 // claimNonce makes (address, nonce) single-use until until, unless spent
-// (Expect.NonceSpent).
-func (v *Verifier) claimNonce(ctx context.Context, header string, addr common.Address, nonce string, until time.Time, spent bool) error {
+// (Expect.NonceSpent), as claimNonceKey.
+func (v *Verifier) claimNonce(ctx context.Context, header string, addr common.Address, nonce string, until time.Time, spent bool) (*store.Claim, error) {
 	return v.claimNonceKey(ctx, header, nonceKey(strings.ToLower(addr.Hex()), nonce), until, spent)
 }
 
 // claimNonceKey makes key single-use until until, unless spent
-// (Expect.NonceSpent).
-func (v *Verifier) claimNonceKey(ctx context.Context, header, key string, until time.Time, spent bool) error {
+// (Expect.NonceSpent), and returns the claim it made (nil when none).
+func (v *Verifier) claimNonceKey(ctx context.Context, header, key string, until time.Time, spent bool) (*store.Claim, error) {
 	if v.Nonces == nil || spent {
-		return nil
+		return nil, nil
 	}
-	_, err := v.Nonces.Claim(ctx, []string{key}, until)
+	c, err := v.Nonces.Claim(ctx, []string{key}, until)
 	if errors.Is(err, store.ErrClaimed) {
-		return refuse(ErrReplayed, header, "nonce", "was already used", "Sign a fresh proof with a new nonce for every request.")
+		return nil, refuse(ErrReplayed, header, "nonce", "was already used", "Sign a fresh proof with a new nonce for every request.")
 	}
 	if err != nil {
-		return fmt.Errorf("claiming the proof's nonce: %w", err)
+		return nil, fmt.Errorf("claiming the proof's nonce: %w", err)
 	}
-	return nil
+	return &c, nil
+}
+
+// ReleaseNonce gives back the nonce claim v made checking p, so the same
+// proof can be sent again. It is for a gateway that refuses the request
+// after the check passed for a reason its client is told to retry (a 503,
+// a 429), before anything served it: released once the request was
+// served, the proof could be replayed. Nothing when the check claimed
+// nothing (Expect.NonceSpent, no Nonces).
+func (v *Verifier) ReleaseNonce(ctx context.Context, p Proof) error {
+	if p.nonce == nil {
+		return nil
+	}
+	return v.Nonces.Release(ctx, *p.nonce)
 }

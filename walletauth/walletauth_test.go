@@ -227,6 +227,39 @@ func TestASpentNonceIsCheckedNotClaimed(t *testing.T) {
 	}
 }
 
+// TestReleasedNonceCanBeSentAgain: ReleaseNonce gives back the claim a
+// check made, so the same proof passes once more and is then a replay
+// again; releasing a check that claimed nothing (NonceSpent) gives back
+// nothing.
+func TestReleasedNonceCanBeSentAgain(t *testing.T) {
+	db := newDB(t)
+	v := &Verifier{Nonces: db.Claims(), Now: clock(t0.Add(time.Minute))}
+	ctx := context.Background()
+	h := signed(t, envelope(t), testKey)
+	p, err := v.Verify(ctx, h, want)
+	if err != nil {
+		t.Fatalf("verify: %v", err)
+	}
+	if err := v.ReleaseNonce(ctx, p); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	if _, err := v.Verify(ctx, h, want); err != nil {
+		t.Fatalf("sent again after its release: %v", err)
+	}
+	spent := want
+	spent.NonceSpent = true
+	again, err := v.Verify(ctx, h, spent)
+	if err != nil {
+		t.Fatalf("checked again with its nonce spent: %v", err)
+	}
+	if err := v.ReleaseNonce(ctx, again); err != nil {
+		t.Fatalf("release of a check that claimed nothing: %v", err)
+	}
+	if _, err := v.Verify(ctx, h, want); !errors.Is(err, ErrReplayed) {
+		t.Fatalf("replay: %v, want ErrReplayed", err)
+	}
+}
+
 func TestRefusals(t *testing.T) {
 	at := t0.Add(time.Minute)
 	cases := []struct {
