@@ -272,7 +272,10 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		}
 		return next.ServeHTTP(w, r)
 	}
-	if len(auth)+len(siwx) > 0 || wa.Mode == "required" {
+	// A request whose every proof an earlier wallet_auth verified passed
+	// these budgets there, its nonces claimed since: a 429 here would come
+	// after that, and the checks are that request's own.
+	if (len(auth)+len(siwx) > 0 || wa.Mode == "required") && !creds.verified(auth, siwx) {
 		// A client the gates of this server would answer 429 gets it before
 		// any proof is checked (serverZones); a refused proof is counted
 		// once checked, even past an empty budget (refuse). Its check
@@ -417,6 +420,12 @@ type clientCredentials struct {
 	// wallet_auth sets them, once its own check passed; they live in a
 	// request variable, which no client can set.
 	authSpent, siwxSpent bool
+}
+
+// verified reports whether an earlier wallet_auth on the request verified
+// every proof among auth and siwx, there being one at least.
+func (c *clientCredentials) verified(auth, siwx []string) bool {
+	return len(auth)+len(siwx) > 0 && (len(auth) == 0 || c.authSpent) && (len(siwx) == 0 || c.siwxSpent)
 }
 
 // varClientCredentials holds the *clientCredentials set aside for the

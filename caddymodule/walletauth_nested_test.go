@@ -1,11 +1,22 @@
 package caddymodule
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/crypto"
+
+	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/walletauth"
 	"github.com/aovhq/aov/x402"
 )
@@ -162,4 +173,151 @@ func TestDuplicateSignInWithXNamesItsHeader(t *testing.T) {
 	// walletCall sends "a\x00b" as two headers.
 	st, hdr, body := walletCall(t, "GET", base+"/who/me", "", map[string]string{walletauth.SIWXHeaderName: "a\x00b"})
 	wantUnauthorized(t, st, hdr, body, walletauth.SIWXHeaderName)
+}
+
+// fakeChainRPC is a FAKE FOR A FAULT in front of a real chain's rpcURL: a
+// chain_rpc that fails one call, or stalls on one until told, which a real
+// node cannot be made to do on demand. It forwards every JSON-RPC call,
+// but first passes each eth_call's number (from 1) to onCall, which may
+// block; when it returns true the call is answered with a provider's
+// internal error (-32603) instead.
+func fakeChainRPC(t *testing.T, rpcURL string, onCall func(n int32) (fail bool)) *httptest.Server {
+	t.Helper()
+	var calls atomic.Int32
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var req struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		json.Unmarshal(body, &req)
+		w.Header().Set("Content-Type", "application/json")
+		if req.Method == "eth_call" && onCall(calls.Add(1)) {
+			w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(req.ID) + `,"error":{"code":-32603,"message":"internal error"}}`))
+			return
+		}
+		resp, err := http.Post(rpcURL, "application/json", bytes.NewReader(body))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		w.WriteHeader(resp.StatusCode)
+		io.Copy(w, resp.Body)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// nestedContractWalletSite is a site-wide wallet_auth (optional) and a
+// route's own (/api/*, required), both checking contract wallets at rpc,
+// and a gate on /paid/* with the server's rate limit, 3 a minute.
+func nestedContractWalletSite(up, rpc, fac string) string {
+	return fmt.Sprintf(`:{port} {
+	route {
+		wallet_auth optional {
+			store badger {data}/gate
+			domains 127.0.0.1:{port}
+			chain_rpc %[2]s
+		}
+		route /api/* {
+			wallet_auth required {
+				store badger {data}/gate
+				domains 127.0.0.1:{port}
+				chain_rpc %[2]s
+			}
+			reverse_proxy %[1]s
+		}
+		route /paid/* {
+			x402 {
+				accept devnet $0.01 %[4]s
+				facilitator http {
+					url %[3]s
+				}
+				store badger {data}/gate
+				rate_limit 3 1m
+			}
+			reverse_proxy %[1]s
+		}
+	}
+}
+`, strings.TrimPrefix(up, "http://"), rpc, fac, payTo.Hex())
+}
+
+// contractWalletProof deploys a contract wallet of key i's account on d
+// and returns it with its proof for GET url.
+func contractWalletProof(t *testing.T, d *evmfacilitator.Devnet, i int, url string) (common.Address, string) {
+	t.Helper()
+	owner := walletKey(i)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	wallet, err := d.DeployTestWallet(ctx, crypto.PubkeyToAddress(owner.PublicKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := walletauth.New(walletauth.Request{Method: "GET", URL: url, ChainID: "eip155:1337", Now: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.SignAs(owner, wallet); err != nil {
+		t.Fatal(err)
+	}
+	proof, err := e.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return wallet, proof
+}
+
+// TestNestedWalletAuthDoesNotRateLimitAVerifiedProof: a route's own
+// wallet_auth behind a site-wide one does not hold the server's rate limit
+// against a request whose proofs the site-wide one verified, which passed
+// it there: SPEC §9 answers 429 before a proof is checked, never after its
+// nonce is claimed. Here the client's budget runs out (three malformed
+// proofs) while its contract wallet's proof is at the chain in the
+// site-wide check, and the request is served. (Before: the route's
+// wallet_auth answered it 429, its nonce claimed, and the proof sent
+// again once the budget was back was refused 401 "nonce was already
+// used".)
+func TestNestedWalletAuthDoesNotRateLimitAVerifiedProof(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	atChain, resume := make(chan struct{}), make(chan struct{})
+	rpc := fakeChainRPC(t, d.RPCURL(), func(n int32) bool {
+		if n == 1 {
+			close(atChain)
+			<-resume
+		}
+		return false
+	})
+	var resumed atomic.Bool
+	resumeOnce := func() {
+		if resumed.CompareAndSwap(false, true) {
+			close(resume)
+		}
+	}
+	t.Cleanup(resumeOnce) // before the fake closes, which waits for the call
+	up := walletUpstream(t)
+	base := startCaddy(t, nestedContractWalletSite(up.URL, rpc.URL, fac))
+	url := base + "/api/x"
+	wallet, proof := contractWalletProof(t, d, 4, url)
+	hdr := map[string]string{walletauth.HeaderName: proof}
+	type answer struct {
+		st   int
+		body map[string]any
+	}
+	done := make(chan answer, 1)
+	go func() {
+		st, _, body := walletCall(t, "GET", url, "", hdr)
+		done <- answer{st, body}
+	}()
+	<-atChain
+	for range 3 {
+		if st, _, body := walletCall(t, "GET", url, "", map[string]string{walletauth.HeaderName: "not-a-proof"}); st != http.StatusUnauthorized {
+			t.Fatalf("a malformed proof: %d %v, want 401", st, body)
+		}
+	}
+	resumeOnce()
+	if a := <-done; a.st != 200 || a.body["wallet"] != wallet.Hex() {
+		t.Fatalf("the proof's request: %d %v, want 200 as %s", a.st, a.body, wallet.Hex())
+	}
 }
