@@ -262,6 +262,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		clearWalletHeaders(h)
 	}
 	creds := setAsideClientCredentials(r)
+	defer creds.keepClaims()
 	auth, siwx := creds.proofs(wa.SIWX)
 	if isPreflight(r) {
 		// A CORS preflight cannot carry a proof. Where one is required,
@@ -324,7 +325,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		if err != nil {
 			return wa.refuse(w, r, err)
 		}
-		creds.authSpent = true
+		creds.hold(wa.verifier, p, false)
 		proof = &p
 	}
 	paidAccess := false
@@ -333,7 +334,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		if err != nil {
 			return wa.refuse(w, r, err)
 		}
-		creds.siwxSpent = true
+		creds.hold(wa.verifier, p, true)
 		if proof != nil && proof.Wallet() != p.Wallet() {
 			return wa.refuse(w, r, &walletauth.Error{Kind: walletauth.ErrWrongRequest, Header: walletauth.SIWXHeaderName, Field: "address",
 				Problem: "is not the wallet of X-Wallet-Auth", Fix: "Prove one wallet per request."})
@@ -417,15 +418,83 @@ type clientCredentials struct {
 	// authSpent and siwxSpent record that a wallet_auth verified the proof
 	// and claimed its nonce, so that a later one on the request checks it
 	// without claiming it again (walletauth.Expect.NonceSpent). Only
-	// wallet_auth sets them, once its own check passed; they live in a
-	// request variable, which no client can set.
+	// wallet_auth sets them, once its own check passed (hold); they live
+	// in a request variable, which no client can set.
 	authSpent, siwxSpent bool
+	// held are the nonce claims wallet_auth made on the request that a
+	// retryable refusal gives back (releaseClaims), until the request may
+	// have been served (keepClaims).
+	held []heldNonce
+}
+
+// heldNonce is a proof whose nonce a wallet_auth claimed, with its
+// verifier: the claim is in that wallet_auth's store, which a later one
+// on the request need not share.
+type heldNonce struct {
+	v    *walletauth.Verifier
+	p    walletauth.Proof
+	siwx bool // SIGN-IN-WITH-X's, else X-Wallet-Auth's
+}
+
+// hold records that v verified p, the request's SIGN-IN-WITH-X proof when
+// siwx, else its X-Wallet-Auth, and holds the nonce claim it made: the
+// first check's (a later one claims nothing).
+func (c *clientCredentials) hold(v *walletauth.Verifier, p walletauth.Proof, siwx bool) {
+	spent := &c.authSpent
+	if siwx {
+		spent = &c.siwxSpent
+	}
+	if !*spent {
+		*spent = true
+		c.held = append(c.held, heldNonce{v, p, siwx})
+	}
 }
 
 // verified reports whether an earlier wallet_auth on the request verified
 // every proof among auth and siwx, there being one at least.
 func (c *clientCredentials) verified(auth, siwx []string) bool {
 	return len(auth)+len(siwx) > 0 && (len(auth) == 0 || c.authSpent) && (len(siwx) == 0 || c.siwxSpent)
+}
+
+// keepClaims makes the nonce claims held so far final: a wallet_auth
+// calls it when it returns, once the request went past it and may have
+// been served (handle_errors runs after that). A proof whose request was
+// served must never be sendable again.
+func (c *clientCredentials) keepClaims() {
+	if c != nil {
+		c.held = nil
+	}
+}
+
+// releaseClaims gives back the nonce claims wallet_auth holds on the
+// request, which is being refused with an answer its client is told to
+// retry (a 503, a 429): the retry may send the same proofs, as when one
+// wallet_auth alone cannot check a proof, since one that checks a proof a
+// second time (a route's behind a site-wide one) can fail after the first
+// claimed its nonce. None once reverse_proxy chose an upstream for the
+// request: a wallet_auth in its handle_response runs after the upstream
+// answered.
+func (c *clientCredentials) releaseClaims(r *http.Request, logger *zap.Logger) {
+	if c == nil || len(c.held) == 0 {
+		return
+	}
+	held := c.held
+	c.held = nil
+	if repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); repl != nil {
+		if _, proxied := repl.Get("http.reverse_proxy.upstream.hostport"); proxied {
+			return
+		}
+	}
+	ctx := context.WithoutCancel(r.Context())
+	for _, h := range held {
+		if err := h.v.ReleaseNonce(ctx, h.p); err != nil {
+			logger.Warn("releasing a wallet proof's nonce", zap.Error(err))
+		} else if h.siwx {
+			c.siwxSpent = false
+		} else {
+			c.authSpent = false
+		}
+	}
 }
 
 // varClientCredentials holds the *clientCredentials set aside for the
@@ -577,6 +646,10 @@ func (wa *WalletAuth) refuse(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	if e.Status >= 500 {
 		wa.logger.Error("wallet proof could not be checked", zap.Error(err))
+	}
+	if e.Retryable {
+		c, _ := caddyhttp.GetVar(r.Context(), varClientCredentials).(*clientCredentials)
+		c.releaseClaims(r, wa.logger)
 	}
 	if e.Status == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", walletauth.HeaderName)

@@ -269,6 +269,32 @@ func contractWalletProof(t *testing.T, d *evmfacilitator.Devnet, i int, url stri
 	return wallet, proof
 }
 
+// TestNestedWalletAuthChainFailureLeavesTheProofUsable: behind a
+// site-wide wallet_auth, a route's own checks a contract wallet's proof
+// at the chain again, and that check fails (the RPC errs once): the 503
+// is retryable and the proof stays usable, as when one wallet_auth alone
+// cannot reach the chain, so the retry of the same proof is served, once.
+// (Before: the site-wide one had claimed the nonce, and the retry was
+// refused 401 "nonce was already used".)
+func TestNestedWalletAuthChainFailureLeavesTheProofUsable(t *testing.T) {
+	d, fac := sharedDevnet(t)
+	// eth_call 1 is the site-wide check's, 2 the route's.
+	rpc := fakeChainRPC(t, d.RPCURL(), func(n int32) bool { return n == 2 })
+	up := walletUpstream(t)
+	base := startCaddy(t, nestedContractWalletSite(up.URL, rpc.URL, fac))
+	url := base + "/api/x"
+	wallet, proof := contractWalletProof(t, d, 3, url)
+	hdr := map[string]string{walletauth.HeaderName: proof}
+	if st, _, body := walletCall(t, "GET", url, "", hdr); st != http.StatusServiceUnavailable || body["retryable"] != true {
+		t.Fatalf("the route's chain check failing: %d %v, want 503, retryable", st, body)
+	}
+	if st, _, body := walletCall(t, "GET", url, "", hdr); st != 200 || body["wallet"] != wallet.Hex() {
+		t.Fatalf("the retry of the proof: %d %v, want 200 as %s", st, body, wallet.Hex())
+	}
+	st, h, body := walletCall(t, "GET", url, "", hdr)
+	wantUnauthorized(t, st, h, body, walletauth.HeaderName+".nonce")
+}
+
 // TestNestedWalletAuthDoesNotRateLimitAVerifiedProof: a route's own
 // wallet_auth behind a site-wide one does not hold the server's rate limit
 // against a request whose proofs the site-wide one verified, which passed
@@ -320,4 +346,85 @@ func TestNestedWalletAuthDoesNotRateLimitAVerifiedProof(t *testing.T) {
 	if a := <-done; a.st != 200 || a.body["wallet"] != wallet.Hex() {
 		t.Fatalf("the proof's request: %d %v, want 200 as %s", a.st, a.body, wallet.Hex())
 	}
+}
+
+// TestWalletAuthAfterTheUpstreamKeepsTheNonce: a wallet_auth that runs
+// after the upstream answered (in reverse_proxy's handle_response) and
+// cannot check the proof at the chain answers 503, but the nonce the
+// route's wallet_auth claimed stays claimed: the upstream served the
+// request, so the same proof sent again is a replay, refused 401.
+func TestWalletAuthAfterTheUpstreamKeepsTheNonce(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	// eth_call 1 is the route's check, 2 the one after the upstream.
+	rpc := fakeChainRPC(t, d.RPCURL(), func(n int32) bool { return n == 2 })
+	var served atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		served.Add(1)
+	}))
+	t.Cleanup(up.Close)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /api/* {
+		wallet_auth required {
+			store badger {data}/gate
+			domains 127.0.0.1:{port}
+			chain_rpc %[2]s
+		}
+		reverse_proxy %[1]s {
+			@ok status 2xx
+			handle_response @ok {
+				wallet_auth required {
+					store badger {data}/gate
+					domains 127.0.0.1:{port}
+					chain_rpc %[2]s
+				}
+				respond "answered"
+			}
+		}
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://"), rpc.URL))
+	url := base + "/api/x"
+	_, proof := contractWalletProof(t, d, 5, url)
+	hdr := map[string]string{walletauth.HeaderName: proof}
+	if st, _, body := walletCall(t, "GET", url, "", hdr); st != http.StatusServiceUnavailable || served.Load() != 1 {
+		t.Fatalf("the check after the upstream failing: %d %v, upstream served %d, want 503 after the upstream served it once", st, body, served.Load())
+	}
+	st, h, body := walletCall(t, "GET", url, "", hdr)
+	wantUnauthorized(t, st, h, body, walletauth.HeaderName+".nonce")
+}
+
+// TestWalletAuthInHandleErrorsKeepsTheNonce: a wallet_auth in
+// handle_errors runs after the route's wallet_auth passed the request on
+// and its handlers answered (here with an error); when it cannot check the
+// proof at the chain it answers 503, but the nonce the route's
+// wallet_auth claimed stays claimed: the same proof sent again is a
+// replay, refused 401.
+func TestWalletAuthInHandleErrorsKeepsTheNonce(t *testing.T) {
+	d, _ := sharedDevnet(t)
+	// eth_call 1 is the route's check, 2 the one in handle_errors.
+	rpc := fakeChainRPC(t, d.RPCURL(), func(n int32) bool { return n == 2 })
+	check := fmt.Sprintf(`wallet_auth required {
+			store badger {data}/gate
+			domains 127.0.0.1:{port}
+			chain_rpc %s
+		}`, rpc.URL)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /api/* {
+		%[1]s
+		error "gone" 410
+	}
+	handle_errors {
+		%[1]s
+		respond "error {err.status_code}"
+	}
+}
+`, check))
+	url := base + "/api/x"
+	_, proof := contractWalletProof(t, d, 6, url)
+	hdr := map[string]string{walletauth.HeaderName: proof}
+	if st, _, body := walletCall(t, "GET", url, "", hdr); st != http.StatusServiceUnavailable {
+		t.Fatalf("the check in handle_errors failing: %d %v, want 503", st, body)
+	}
+	st, h, body := walletCall(t, "GET", url, "", hdr)
+	wantUnauthorized(t, st, h, body, walletauth.HeaderName+".nonce")
 }
