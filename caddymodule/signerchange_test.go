@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"fmt"
 	"io"
+	"math/big"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/ethereum/go-ethereum/common"
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
 	"github.com/aovhq/aov/x402"
@@ -92,15 +94,23 @@ func relayerSite(up string, d *evmfacilitator.Devnet, storeDir string, key int) 
 
 // servedAfterRotation retries p, a payment the gate's own facilitator
 // settled before a restart with maybe another relayer_key, and wants the
-// paid answer, the upstream run at most once more.
+// paid answer (retryServed).
 func servedAfterRotation(t *testing.T, d *evmfacilitator.Devnet, up *upstream, p restartedPayment) {
 	t.Helper()
+	retryServed(t, d, up, p.url, p.sig, p.payer, p.before, "after the restart (the gate's own facilitator sent the transfer)")
+}
+
+// retryServed retries the charged buyer payer's payment sig at url and
+// wants the paid answer, the upstream run at most once more; after says
+// what came between the payment and the retry.
+func retryServed(t *testing.T, d *evmfacilitator.Devnet, up *upstream, url, sig string, payer common.Address, before *big.Int, after string) {
+	t.Helper()
 	calls := up.calls.Load()
-	resp := post(t, p.url, validRequest, map[string]string{x402.HeaderPaymentSignature: p.sig})
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
 	b, _ := io.ReadAll(resp.Body)
-	t.Logf("charged %v; retry after the restart: %d %.400s", charged(t, d, p.payer, p.before), resp.StatusCode, b)
+	t.Logf("charged %v; retry %s: %d %.400s", charged(t, d, payer, before), after, resp.StatusCode, b)
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"payment":"paid"`) || up.calls.Load() > calls+1 {
-		t.Fatalf("the charged buyer's retry after the restart: %d %.300s; want the paid answer (the gate's own facilitator sent the transfer)", resp.StatusCode, b)
+		t.Fatalf("the charged buyer's retry %s: %d %.300s; want the paid answer", after, resp.StatusCode, b)
 	}
 }
 
@@ -166,13 +176,7 @@ func testStaleSigners(t *testing.T, warm bool) {
 	if e := readJSON(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("P2 first try: %d %v", resp.StatusCode, e)
 	}
-	calls := up.calls.Load()
-	resp = post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig2})
-	b, _ := io.ReadAll(resp.Body)
-	t.Logf("P2 charged %v; retry: %d %.300s", charged(t, d, payer, before), resp.StatusCode, b)
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"payment":"paid"`) || up.calls.Load() > calls+1 {
-		t.Fatalf("the charged buyer's retry (the remote's own transfer, from the signer its /supported lists now): %d %.300s; want the paid answer", resp.StatusCode, b)
-	}
+	retryServed(t, d, up, url, sig2, payer, before, "of P2 (the remote's own transfer, from the signer its /supported lists now)")
 }
 
 // A multi of two embedded evm members on one network (two relayer keys,
@@ -218,13 +222,7 @@ func testMultiReorder(t *testing.T, reorder bool) {
 		key = 8
 	}
 	p := payThenRestart(t, d, first, key, replyLost, func() string { return startCaddy(t, reordered) })
-	calls := up.calls.Load()
-	resp := post(t, p.url, validRequest, map[string]string{x402.HeaderPaymentSignature: p.sig})
-	b, _ := io.ReadAll(resp.Body)
-	t.Logf("charged %v; retry after the reorder: %d %.300s", charged(t, d, p.payer, p.before), resp.StatusCode, b)
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"payment":"paid"`) || up.calls.Load() > calls+1 {
-		t.Fatalf("the charged buyer's retry after the multi's members were reordered: %d %.300s; want the paid answer (a member of the gate's multi sent the transfer)", resp.StatusCode, b)
-	}
+	retryServed(t, d, up, p.url, p.sig, p.payer, p.before, "after the multi's members were reordered (a member of the gate's multi sent the transfer)")
 }
 
 // A remote facilitator's signers are asked in the background the first
