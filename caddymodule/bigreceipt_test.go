@@ -100,18 +100,9 @@ func batchingFacilitator(t *testing.T, d *evmfacilitator.Devnet, facURL string, 
 			}
 			return
 		}
-		req, _ := http.NewRequestWithContext(r.Context(), r.Method, facURL+r.URL.Path, strings.NewReader(string(body)))
-		req.Header = r.Header.Clone()
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadGateway)
-			return
+		if resp, reply, ok := relayTo(w, r, facURL, body); ok {
+			passOn(w, resp, reply)
 		}
-		reply, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
-		w.WriteHeader(resp.StatusCode)
-		w.Write(reply)
 	}))
 	t.Cleanup(s.Close)
 	return s, &settled

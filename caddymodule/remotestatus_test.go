@@ -22,6 +22,30 @@ import (
 	"github.com/aovhq/aov/x402"
 )
 
+// relayTo sends r (its method, path and headers, with body) on to the real
+// facilitator at target, for a fake in front of it, and returns its reply
+// read whole; one that cannot be reached is answered 502 here (ok false).
+func relayTo(w http.ResponseWriter, r *http.Request, target string, body []byte) (resp *http.Response, reply []byte, ok bool) {
+	req, _ := http.NewRequestWithContext(r.Context(), r.Method, target+r.URL.Path, bytes.NewReader(body))
+	req.Header = r.Header.Clone()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return nil, nil, false
+	}
+	reply, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, reply, true
+}
+
+// passOn answers w with resp's status and content type and reply, as
+// relayTo read them.
+func passOn(w http.ResponseWriter, resp *http.Response, reply []byte) {
+	w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
+	w.WriteHeader(resp.StatusCode)
+	w.Write(reply)
+}
+
 // lossyProxy is a FAKE FOR A FAULT that cannot otherwise be caused on
 // demand: a network path to a real remote facilitator (the devnet
 // facilitator's x402 HTTP API) that loses a /settle. In mode "lose_reply" it
@@ -77,15 +101,10 @@ func newLossyProxy(t *testing.T, facURL, mode string, supported ...func(map[stri
 				"errorMessage": "execution reverted", "transaction": "", "network": req.PaymentPayload.Accepted.Network})
 			return
 		}
-		req, _ := http.NewRequestWithContext(r.Context(), r.Method, facURL+r.URL.Path, bytes.NewReader(body))
-		req.Header = r.Header.Clone()
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadGateway)
+		resp, reply, ok := relayTo(w, r, facURL, body)
+		if !ok {
 			return
 		}
-		reply, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
 		if settle {
 			p.settles.Add(1)
 			if mode == "redirect" {
@@ -104,9 +123,7 @@ func newLossyProxy(t *testing.T, facURL, mode string, supported ...func(map[stri
 				reply, _ = json.Marshal(s)
 			}
 		}
-		w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
-		w.WriteHeader(resp.StatusCode)
-		w.Write(reply)
+		passOn(w, resp, reply)
 	}))
 	t.Cleanup(p.Close)
 	return p
