@@ -230,22 +230,8 @@ func knownSigners(ctx context.Context, f x402.Facilitator, network string) []com
 	case rememberingSigners:
 		return f.rememberedSigners(network)
 	case *MultiFacilitator:
-		var out []common.Address
-		for i := range f.fs {
-			s, err := f.remembered(ctx, i)
-			if err != nil {
-				return nil
-			}
-			if !slices.ContainsFunc(s.Kinds, func(k x402.SupportedKind) bool { return k.Network == network }) {
-				continue
-			}
-			a := evmSignersOf(s, network)
-			if a == nil {
-				return nil
-			}
-			out = appendNew(out, a...)
-		}
-		return out
+		a, _ := f.memberSigners(ctx, network, signersFromMemory)
+		return a
 	default:
 		askCtx, cancel, _ := ask(context.WithoutCancel(ctx))
 		s, err := f.Supported(askCtx)
@@ -533,30 +519,43 @@ type signedStatusReader interface {
 // member, Again asks the remote members again (askSigners) and the
 // others as remembered.
 func (m *MultiFacilitator) evmSigners(ctx context.Context, network string) evmfacilitator.Signers {
-	known, _ := m.memberSigners(ctx, network, false)
+	known, _ := m.memberSigners(ctx, network, signersWhenDue)
 	if !m.hasRemote() {
 		return evmfacilitator.Signers{Known: known}
 	}
 	return evmfacilitator.Signers{Known: known, Again: func(ctx context.Context) ([]common.Address, error) {
-		return m.memberSigners(ctx, network, true)
+		return m.memberSigners(ctx, network, signersAgain)
 	}}
 }
 
+// How memberSigners reads a member's /supported: as remembered, asking
+// no remote (the paid path's claim); as kinds reads it (asked when due);
+// or asking the remote members again past what is remembered.
+const (
+	signersFromMemory = iota
+	signersWhenDue
+	signersAgain
+)
+
 // memberSigners is the union of the signers of every member that settles
-// network, nil when one's cannot be read or lists none; again asks the
-// remote members past what is remembered, and fails when one cannot be
-// asked.
-func (m *MultiFacilitator) memberSigners(ctx context.Context, network string, again bool) ([]common.Address, error) {
+// network, nil when one's cannot be read or lists none, each member's
+// /supported read as how says; signersAgain fails when a remote member
+// cannot be asked, signersFromMemory when one was never read.
+func (m *MultiFacilitator) memberSigners(ctx context.Context, network string, how int) ([]common.Address, error) {
 	var out []common.Address
 	for i := range m.fs {
-		s, err := m.kinds(ctx, i)
+		read := m.kinds
+		if how == signersFromMemory {
+			read = m.remembered
+		}
+		s, err := read(ctx, i)
 		if err != nil {
 			return nil, err
 		}
 		if !slices.ContainsFunc(s.Kinds, func(k x402.SupportedKind) bool { return k.Network == network }) {
 			continue
 		}
-		if h, ok := m.fs[i].(*HTTPFacilitator); ok && again {
+		if h, ok := m.fs[i].(*HTTPFacilitator); ok && how == signersAgain {
 			if s, err = h.askSigners(ctx); err != nil {
 				return nil, err
 			}
@@ -565,11 +564,7 @@ func (m *MultiFacilitator) memberSigners(ctx context.Context, network string, ag
 		if a == nil {
 			return nil, nil
 		}
-		for _, x := range a {
-			if !slices.Contains(out, x) {
-				out = append(out, x)
-			}
-		}
+		out = appendNew(out, a...)
 	}
 	return out, nil
 }
