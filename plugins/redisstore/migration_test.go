@@ -333,10 +333,12 @@ func TestAskNodesAreBounded(t *testing.T) {
 // promoted, SCRIPT FLUSH) waits for its replicas in what is left of the
 // operation's deadline: its WAIT is shortened to fit, so a write no
 // replica acknowledges is answered ErrNotReplicated within `timeout`, as
-// a first run is, though the first run's WAIT used up most of it. The
-// client's timeout is 3 s here, not the module's 1 s, with a second of
-// slack: with 1 s, a loaded machine's late round trips took the 0.1 s
-// the two WAITs left, and the rerun failed on its deadline instead.
+// a first run is, though the first run's WAIT used up most of it.
+// (Before: the shortened WAIT ended 0.1 s before the deadline, and Redis,
+// which ends a blocked WAIT on its 10-a-second timer, answered it up to
+// 0.1 s late: now and then the rerun failed on its deadline instead.) The
+// client's timeout is 3 s here, with a second of slack for a loaded
+// machine.
 func TestARerunsWaitFitsTheDeadline(t *testing.T) {
 	ctx := context.Background()
 	srv := servers.StartRedis(t)

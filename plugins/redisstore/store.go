@@ -516,8 +516,13 @@ func (s *Store) waitedRun(ctx context.Context, c redis.Cmdable, asking bool, sc 
 }
 
 // waitReplyMargin is the time waitFor leaves between a WAIT's end and the
-// operation's deadline, for its answer to come back.
-const waitReplyMargin = 100 * time.Millisecond
+// operation's deadline, for its answer to come back. Redis ends a blocked
+// WAIT on its timer, which runs hz times a second (10 by default): a WAIT
+// answers up to 100 ms after its timeout, so a margin of 100 ms left a
+// rerun's shortened WAIT failing on the deadline instead of answering
+// ErrNotReplicated. It fits in waitReadMargin, so a first run's WAIT
+// keeps its whole WaitTimeout.
+const waitReplyMargin = 250 * time.Millisecond
 
 // waitFor is the timeout of a WAIT sent now, in milliseconds: WaitTimeout,
 // or less when ctx's deadline is nearer, so that the WAIT ends, and its
