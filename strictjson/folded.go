@@ -22,9 +22,9 @@ func FoldedTwin(m map[string]any) (string, bool) {
 		names = append(names, k)
 	}
 	slices.Sort(names)
-	var folds foldSet
+	folds := foldSet{stack: new([]string)}
 	for _, k := range names {
-		if !folds.add(foldName(k)) {
+		if !folds.add(k) {
 			return k, true
 		}
 	}

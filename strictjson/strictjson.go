@@ -24,7 +24,6 @@ package strictjson
 import (
 	"encoding/json"
 	"errors"
-	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -139,6 +138,7 @@ type decoder struct {
 	dataPath []string          // where values are another reader's data (DecodeEnvelope)
 	data1    *Error            // the first refusal of that data (keptAsData)
 	inKey    bool              // reading a member name of the object at path
+	folds    []string          // member names of the objects being read, innermost last (foldSet)
 }
 
 func (d *decoder) fail(problem, fix string) *Error {
@@ -379,7 +379,7 @@ func (d *decoder) object() (any, error) {
 		return m, nil
 	}
 	top := len(d.path)
-	var folds foldSet // folded names of this object, when folded is on
+	folds := foldSet{stack: &d.folds, start: len(d.folds)} // when folded is on
 	prevComma := -1   // the comma before this member (DecodeCut)
 	for {
 		d.skipSpace()
@@ -399,7 +399,7 @@ func (d *decoder) object() (any, error) {
 				"Send each key at most once per object; readers disagree on which duplicate wins.")
 		}
 		if d.folded {
-			if !folds.add(foldName(k)) {
+			if !folds.add(k) {
 				return nil, d.fail(ProblemFoldedName,
 					"Send each key once per object, in one letter case; some readers match names in any case.")
 			}
@@ -435,6 +435,7 @@ func (d *decoder) object() (any, error) {
 		case '}':
 			d.pos++
 			d.depth--
+			folds.end()
 			return m, nil
 		default:
 			return nil, d.syntax("',' or '}'")
@@ -849,35 +850,51 @@ func (d *decoder) inData() bool {
 	return true
 }
 
-// foldSet holds the folded member names of one object: a short list, then
-// a map, so a wide object costs no quadratic scan.
+// foldSet holds the member names of one object, to find two equal under
+// case folding. Up to foldScan names sit on a stack shared by the objects
+// being read (decoder.folds), and a new name is compared with each by
+// strings.EqualFold, the relation foldName maps names to: the small objects
+// payments are made of cost no allocation. A wider object moves its names
+// to a set of folded names, so it costs no quadratic scan.
 type foldSet struct {
-	list []string
-	set  map[string]struct{}
+	stack *[]string // the names of the objects being read, innermost last
+	start int       // where this object's names begin on it
+	set   map[string]struct{}
 }
 
-// add adds name and reports whether it was new.
+const foldScan = 16
+
+// add adds name and reports whether no name before it folds to the same.
 func (s *foldSet) add(name string) bool {
 	if s.set != nil {
-		if _, dup := s.set[name]; dup {
+		f := foldName(name)
+		if _, dup := s.set[f]; dup {
 			return false
 		}
-		s.set[name] = struct{}{}
+		s.set[f] = struct{}{}
 		return true
 	}
-	if slices.Contains(s.list, name) {
-		return false
-	}
-	s.list = append(s.list, name)
-	if len(s.list) > 16 {
-		s.set = make(map[string]struct{}, 2*len(s.list))
-		for _, n := range s.list {
-			s.set[n] = struct{}{}
+	names := (*s.stack)[s.start:]
+	for _, n := range names {
+		if strings.EqualFold(n, name) {
+			return false
 		}
-		s.list = nil
 	}
+	if len(names) < foldScan {
+		*s.stack = append(*s.stack, name)
+		return true
+	}
+	s.set = make(map[string]struct{}, 2*foldScan)
+	for _, n := range names {
+		s.set[foldName(n)] = struct{}{}
+	}
+	s.set[foldName(name)] = struct{}{}
+	s.end()
 	return true
 }
+
+// end takes the object's names off the stack, once it is read.
+func (s *foldSet) end() { *s.stack = (*s.stack)[:s.start] }
 
 // foldName maps s to a representative of its case-folding class: every rune
 // becomes the smallest rune of its simple-folding orbit, with ASCII letters

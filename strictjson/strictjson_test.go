@@ -235,7 +235,42 @@ func FuzzDecode(f *testing.F) {
 		for _, n := range jsontree.Numbers(v) {
 			checkNumberReadsAlike(t, string(n))
 		}
+		// FoldedNames refuses exactly the documents with two member names
+		// of one object equal under foldName.
+		_, ferr := Decode(data, Limits{MaxDepth: 16, FoldedNames: true})
+		var e *Error
+		if twin := hasFoldedTwin(v); twin != (ferr != nil) || ferr != nil && (!errors.As(ferr, &e) || e.Problem != ProblemFoldedName) {
+			t.Fatalf("a folded twin: %v; Decode with FoldedNames: %v", twin, ferr)
+		}
 	})
+}
+
+// hasFoldedTwin reports whether an object in v has two member names whose
+// foldName is the same, comparing every pair: the decoder's check written
+// the slow, obvious way.
+func hasFoldedTwin(v any) bool {
+	switch v := v.(type) {
+	case map[string]any:
+		var names []string
+		for k, c := range v {
+			for _, n := range names {
+				if foldName(n) == foldName(k) {
+					return true
+				}
+			}
+			names = append(names, k)
+			if hasFoldedTwin(c) {
+				return true
+			}
+		}
+	case []any:
+		for _, c := range v {
+			if hasFoldedTwin(c) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // checkNumberReadsAlike is the differential property of the numbers
@@ -313,6 +348,11 @@ func TestFoldedNamesRefusesNamesEqualInAnyLetterCase(t *testing.T) {
 		{desc: "a folded twin deep inside is refused", in: `{"params":{"x":[{"Method":1,"method":2}]}}`, path: "params.x[0].method"},
 		{desc: "the Kelvin sign folds to k", in: `{"k":1,"\u212a":2}`, path: "[\"\u212a\"]"},
 		{desc: "a twin after many distinct names is refused", in: `{` + manyKeys(40) + `,"K0":1}`, path: "K0"},
+		{desc: "a twin after a nested object is refused", in: `{"a":{"b":1,"c":{"d":2}},"e":3,"A":4}`, path: "A"},
+		{desc: "a twin after a wide nested object is refused", in: `{"a":{` + manyKeys(40) + `},"e":3,"A":4}`, path: "A"},
+		{desc: "a wide object's twin after its nested objects is refused", in: `{` + manyKeys(20) + `,"x":{"K0":1},"K0":2}`, path: "K0"},
+		{desc: "an outer name and an inner name may fold alike", in: `{"a":{"A":1,"x":{"a":2}},"x":{"X":3}}`},
+		{desc: "names of sibling objects may fold alike", in: `[{"a":1,"B":2},{"A":3,"b":4},{` + manyKeys(20) + `},{"K0":1}]`},
 		{desc: "distinct names pass", in: `{"name":1,"names":2,"_meta":{"a":1,"b":2}}`},
 	}
 	for _, tc := range tests {
