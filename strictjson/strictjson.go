@@ -724,6 +724,13 @@ func Float64(text string) (float64, error) {
 	return f, nil
 }
 
+// maxExponentDigits bounds the digits of a number's exponent (its leading
+// zeros aside). math/big, which the schema validator reads numbers with,
+// refuses an exponent beyond int64, and the validator then fails on the
+// number it could not read, while strconv reads 0e10000000000000000000 as
+// 0. Only a zero can carry such an exponent past Float64's range checks.
+const maxExponentDigits = 18
+
 // number scans a JSON number per RFC 8259 and checks it can be represented
 // exactly (integers) or at all (doubles).
 func (d *decoder) number() (any, error) {
@@ -764,6 +771,7 @@ func (d *decoder) number() (any, error) {
 		}
 	}
 	exp := false
+	expDigits := 0 // the exponent's digits after its leading zeros
 	if i < len(data) && (data[i] == 'e' || data[i] == 'E') {
 		integer, exp = false, true
 		i++
@@ -772,6 +780,9 @@ func (d *decoder) number() (any, error) {
 		}
 		es := i
 		for i < len(data) && data[i] >= '0' && data[i] <= '9' {
+			if expDigits > 0 || data[i] != '0' {
+				expDigits++
+			}
 			i++
 		}
 		if i == es {
@@ -794,9 +805,12 @@ func (d *decoder) number() (any, error) {
 			}
 		}
 	} else if exp || len(text) > 300 { // shorter, without an exponent: within range
-		switch _, err := Float64(text); err {
-		case nil:
-		case ErrNumberUnderflow:
+		switch _, err := Float64(text); {
+		case err == nil && expDigits > maxExponentDigits:
+			return d.badNumber(start, i, "a number's exponent is written with more than "+strconv.Itoa(maxExponentDigits)+" digits",
+				"Write zero as 0, and exponents in at most "+strconv.Itoa(maxExponentDigits)+" digits.")
+		case err == nil:
+		case err == ErrNumberUnderflow:
 			return d.badNumber(start, i, "a number is too small to be represented as a double: it would read as 0",
 				"Send nonzero numbers no smaller in magnitude than 5e-324, or send them as strings.")
 		default:

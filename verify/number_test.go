@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"testing/quick"
+	"time"
 
 	"github.com/aovhq/aov/apierr"
 )
@@ -323,5 +324,39 @@ func TestInexactNumbersListBounded(t *testing.T) {
 	if !errors.As(err, &e) || len(e.Fields) != maxProblems+1 || e.Fields[maxProblems].Field != "request" ||
 		e.Fields[maxProblems-1].Field != "submitted_output["+strconv.Itoa(maxProblems-1)+"]" {
 		t.Fatalf("Parse: %v; want %d inexact numbers named in order, then a 'request' field", err, maxProblems)
+	}
+}
+
+// A zero whose exponent math/big cannot read (beyond int64) is refused
+// when the request is read, like any number the validator could not read
+// as the hash does, in the output, in the schema and in a rule's value.
+// (Before: strconv read it as 0 and the request was accepted; the schema
+// validator, reading it with math/big, dereferenced the nil it got, and
+// verifierd's answer was a dropped connection.)
+func TestZeroWithAnUnreadableExponentRefused(t *testing.T) {
+	v := New(Config{})
+	for _, c := range []struct{ body, field string }{
+		{`{"task_id": "t", "expected_schema": {"maximum": -1}, "submitted_output": 0E10000000000000000000}`, "submitted_output"},
+		{`{"task_id": "t", "expected_schema": {"properties": {"n": {"maximum": -1}}}, "submitted_output": {"n": 0E10000000000000000000}}`, "submitted_output.n"},
+		{`{"task_id": "t", "expected_schema": {"maximum": -1}, "submitted_output": [0.0e-99999999999999999999]}`, "submitted_output[0]"},
+		{`{"task_id": "t", "expected_schema": {"minimum": 0e9223372036854775808}, "submitted_output": 1}`, "expected_schema.minimum"},
+		{`{"task_id": "t", "expected_schema": {}, "submitted_output": {"x": 1}, "rules": [{"type": "gte", "field": "x", "value": -0e10000000000000000000}]}`, "rules[0].value"},
+	} {
+		_, err := v.Parse([]byte(c.body))
+		var e *apierr.Error
+		if !errors.As(err, &e) || e.Status/100 != 4 || !strings.Contains(err.Error(), c.field) || !strings.Contains(err.Error(), "exponent") {
+			t.Errorf("%s: %v; want a refusal naming %s and its exponent", c.body, err, c.field)
+		}
+	}
+	// An exponent of 18 digits, or more written with leading zeros, is read.
+	for _, ok := range []string{`0e999999999999999999`, `1e-000000000000000000000000001`, `0E+000000000000000000000000000`} {
+		body := `{"task_id": "t", "expected_schema": {"maximum": 1}, "submitted_output": ` + ok + `}`
+		req, err := v.Parse([]byte(body))
+		if err != nil {
+			t.Fatalf("%s: %v; want it accepted", ok, err)
+		}
+		if r := v.Check(req, "v", time.Now()); r.Result != "pass" {
+			t.Errorf("%s: %s; want pass", ok, r.Result)
+		}
 	}
 }
