@@ -379,8 +379,9 @@ func (d *decoder) object() (any, error) {
 		return m, nil
 	}
 	top := len(d.path)
-	folds := foldSet{stack: &d.folds, start: len(d.folds)} // when folded is on
-	prevComma := -1   // the comma before this member (DecodeCut)
+	// This object's member names, checked when folded is on.
+	folds := foldSet{stack: &d.folds, start: len(d.folds)}
+	prevComma := -1 // the comma before this member (DecodeCut)
 	for {
 		d.skipSpace()
 		if d.pos >= len(d.data) || d.data[d.pos] != '"' {
