@@ -35,9 +35,10 @@ import (
 // AttemptMargin would be read as its own. So the Clock is read from a
 // confirmed bank no older than the one a node names as its confirmed
 // tip just before (getSlot), nor than the newest confirmed bank any reply
-// has shown (RPC.seen); an older bank's answer is an error, and the
-// outcome stays undecided. A lag remains possible only when every node
-// asked, these two included, lags alike.
+// has shown (RPC.seen, a floor that lapses when no bank read reaches it:
+// slotFloor); an older bank's answer is an error, and the outcome stays
+// undecided. A lag remains possible only when every node asked, these two
+// included, lags alike.
 
 // AttemptMargin is how much older than the attempt a landed transaction
 // may be and still be the attempt's own. Block times are whole seconds

@@ -9,8 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"net/http"
 	"net/url"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -23,12 +25,10 @@ type RPC struct {
 	Client  *http.Client  // default: rpcClient
 	Timeout time.Duration // per call; default 10s
 	id      atomic.Int64
-	// seen holds the newest processed and confirmed banks' slots any
-	// reply has shown: a judgement of expiry (blockhashExpired) and a
-	// reading of the chain's clock (attributed) ask a bank no older, so
-	// one node of a pool behind another that answered cannot make them.
-	// It only rises, and is kept per RPC: the node or pool behind one URL.
-	seen [2]atomic.Uint64
+	// seen holds the floors of the processed and confirmed banks a
+	// judgement may take (slotFloor), kept per RPC: the node or pool
+	// behind one URL.
+	seen [2]slotFloor
 }
 
 // Commitment levels, as seen indexes them.
@@ -39,20 +39,80 @@ const (
 
 var commitments = [2]string{processed: "processed", confirmed: "confirmed"}
 
-// seenAt returns the newest slot of a bank at commitment level (processed
-// or confirmed) the node (or pool) behind c has answered from so far, 0
-// before any such answer.
-func (c *RPC) seenAt(level int) uint64 { return c.seen[level].Load() }
+// floorHold is how long a slot an endpoint named may stay a floor
+// (slotFloor) while no bank read reaches it and the endpoint answers from
+// older banks. A healthy node's banks pass a slot it named within a second
+// or two, so a minute is far past any honest lag, and short beside the
+// claims a held payment keeps.
+const floorHold = time.Minute
 
-// saw records a reply from a bank of commitment level at slot.
-func (c *RPC) saw(level int, slot uint64) {
-	for {
-		n := c.seen[level].Load()
-		if slot <= n || c.seen[level].CompareAndSwap(n, slot) {
-			return
+// slotFloor is the newest bank of one commitment level an endpoint has
+// shown: a judgement of expiry (blockhashExpired) and a reading of the
+// chain's clock (attributed) ask a bank no older, so one node of a pool
+// behind another that answered cannot make them. A slot is taken as the
+// floor as soon as a reply names it, so that the very next answer of a
+// lagging node is refused. But one reply may name a slot the chain never
+// reaches (a member of another cluster, a lying provider): held for good,
+// it would leave every later judgement through the endpoint undecided, a
+// charged buyer never served, until the process restarts. So a floor no
+// later bank read (a reply of a bank's data, not getSlot's bare number)
+// reaches within floorHold, while replies since come from older banks,
+// lapses to the newest of those, logged.
+type slotFloor struct {
+	mu   sync.Mutex
+	slot uint64
+	// raised is when slot was named, while no later bank read has
+	// reached it; zero once one has.
+	raised time.Time
+	// older tells that a reply since raised came from a bank older than
+	// slot; below is where slot lapses to: the newest such bank, or the
+	// floor slot was raised from when a bank read had reached that.
+	older bool
+	below uint64
+}
+
+// saw records a reply from a bank at slot at time t; read tells that it
+// was a bank read, not a slot named (getSlot).
+func (f *slotFloor) saw(slot uint64, read bool, t time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case slot > f.slot:
+		if read || f.raised.IsZero() {
+			f.below = f.slot
 		}
+		f.slot, f.raised, f.older = slot, t, false
+	case slot == f.slot && read:
+		f.raised = time.Time{}
+	case slot < f.slot:
+		f.below, f.older = max(f.below, slot), true
 	}
 }
+
+// at returns the floor at time t, and the slot that lapsed to it, if any.
+func (f *slotFloor) at(t time.Time) (floor, lapsed uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.raised.IsZero() && f.older && t.Sub(f.raised) > floorHold {
+		lapsed, f.slot, f.raised, f.older = f.slot, f.below, time.Time{}, false
+	}
+	return f.slot, lapsed
+}
+
+// seenAt returns the floor of a bank at commitment level (processed or
+// confirmed) the node (or pool) behind c has set so far (slotFloor), 0
+// before any answer.
+func (c *RPC) seenAt(level int) uint64 {
+	floor, lapsed := c.seen[level].at(now())
+	if lapsed != 0 {
+		log.Printf("svm facilitator: the rpc endpoint named %s slot %d, and for %s no bank it read reached it while it answered from older ones: taking slot %d as its newest", commitments[level], lapsed, floorHold, floor)
+	}
+	return floor
+}
+
+// saw records a reply from a bank of commitment level at slot; read tells
+// that it was a bank read (see slotFloor).
+func (c *RPC) saw(level int, slot uint64, read bool) { c.seen[level].saw(slot, read, now()) }
 
 // rpcClient is the default client: http.DefaultClient's transport keeps two
 // idle connections per host, and a facilitator talks to one node with as
@@ -297,7 +357,7 @@ func (c *RPC) Simulate(ctx context.Context, raw []byte) (SimulateResult, error) 
 	err := c.call(ctx, "simulateTransaction", []any{base64.StdEncoding.EncodeToString(raw), cfg}, &out)
 	out.Value.Slot = out.Context.Slot
 	if err == nil {
-		c.saw(confirmed, out.Context.Slot)
+		c.saw(confirmed, out.Context.Slot, true)
 	}
 	return out.Value, err
 }
@@ -379,7 +439,7 @@ func (c *RPC) Status(ctx context.Context, sig string, minSlot uint64) (*Signatur
 		return nil, 0, err
 	}
 	// Agave answers getSignatureStatuses from the processed bank.
-	c.saw(processed, out.Context.Slot)
+	c.saw(processed, out.Context.Slot, true)
 	return out.Value[0], out.Context.Slot, nil
 }
 
@@ -406,7 +466,7 @@ func (c *RPC) BlockhashValidAt(ctx context.Context, blockhash string, level int,
 	if err := atLeast("isBlockhashValid", out.Context.Slot, minSlot); err != nil {
 		return false, 0, err
 	}
-	c.saw(level, out.Context.Slot)
+	c.saw(level, out.Context.Slot, true)
 	return out.Value, out.Context.Slot, nil
 }
 
@@ -420,7 +480,7 @@ func (c *RPC) Slot(ctx context.Context, level int) (uint64, error) {
 	if err := c.call(ctx, "getSlot", []any{map[string]any{"commitment": commitments[level]}}, &slot); err != nil {
 		return 0, err
 	}
-	c.saw(level, slot)
+	c.saw(level, slot, false)
 	return slot, nil
 }
 
@@ -455,7 +515,7 @@ func (c *RPC) ChainTime(ctx context.Context, minSlot uint64) (unix int64, slot u
 	if err != nil || len(raw) != 40 {
 		return 0, 0, errors.New("solana rpc getAccountInfo: the Clock sysvar is not 40 bytes of base64")
 	}
-	c.saw(confirmed, out.Context.Slot)
+	c.saw(confirmed, out.Context.Slot, true)
 	// slot, epoch_start_timestamp, epoch, leader_schedule_epoch, then
 	// unix_timestamp, each 8 bytes little-endian.
 	return int64(binary.LittleEndian.Uint64(raw[32:])), out.Context.Slot, nil

@@ -73,8 +73,8 @@ func (f *Facilitator) poll(ctx context.Context, sig, blockhash string, floor uin
 // processed tip and in the confirmed bank (so a transaction that did land
 // on it is confirmed, or on a dead fork, and a confirmed lookup sees it),
 // each as a bank no older than floor, and than the newest bank of its
-// commitment level any reply has shown (RPC.seen), sees it. It is the one
-// rule of expiry for every judgement of "never":
+// commitment level any reply has shown (RPC.seen: slotFloor), sees it. It
+// is the one rule of expiry for every judgement of "never":
 //   - the processed tip alone can be a minority fork, or one node of a
 //     load-balanced pool ahead of the one that answers the status, and
 //     would call a transaction that is about to be confirmed "never
