@@ -519,6 +519,9 @@ type paidCharge struct {
 	// maxHeldAnswer): reportOutcome reports it as heldPayment tells. nil
 	// otherwise, also when it could not be kept (an unknown outcome then).
 	unrecorded *unrecorded
+	// settleAsked is when its Settle was asked for (sentAfter); zero
+	// before.
+	settleAsked time.Time
 }
 
 func (p *paidCharge) release(r *http.Request) {

@@ -528,24 +528,20 @@ func (g *Gate) callTimeouts() (verify, settle time.Duration) {
 	return min(verify, maxFacilitatorWait), min(settle, maxFacilitatorWait)
 }
 
-// sentAfter is a time before which a settlement that has just ended was
-// not asked for: now, less the longest the gate waits for a Settle
-// (callTimeouts).
-func (g *Gate) sentAfter() time.Time {
-	_, settle := g.callTimeouts()
-	return now().Add(-settle)
-}
-
 // sentAfter is a time before which p's settlement was not asked for: the
-// later of when its claim was asked for and the gate's bound
-// (Gate.sentAfter), both true, and the later the closer to when its
-// attempt began. A read by the chain alone takes a transaction that
-// landed earlier than that, by more than a few seconds, for another
-// settlement's (svmfacilitator.AttemptMargin): a replay of a payment
-// settled before is refused duplicate_settlement, so the closer the bound,
-// the shorter the time in which a replay would pass as this attempt.
+// later of when its claim was asked for and when its Settle was, both
+// true, and the later the closer to when its attempt began. A read by the
+// chain alone takes a transaction that landed earlier than that, by more
+// than a few seconds, for another settlement's
+// (svmfacilitator.AttemptMargin): a replay of a payment settled before is
+// refused duplicate_settlement, so the closer the bound, the shorter the
+// time in which a replay would pass as this attempt. It is never reckoned
+// back from a later time (now, less the settle wait): what follows the
+// Settle, the tries to record it against a stalled store, would date the
+// attempt after its own transfer landed, and the chain read would take
+// that transfer for another settlement's, the charged buyer refused.
 func (p *paidCharge) sentAfter() time.Time {
-	return later(p.claimed, p.g.sentAfter())
+	return later(p.claimed, p.settleAsked)
 }
 
 // later is the later of two times.
@@ -579,6 +575,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 	_, settleTimeout := g.callTimeouts()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), settleTimeout)
 	defer cancel()
+	p.settleAsked = now()
 	sr, err := g.facilitator.Settle(ctx, p.pay.PaymentPayload, p.offer)
 	if err != nil {
 		var unknown *x402.UnknownOutcomeError

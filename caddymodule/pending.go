@@ -131,7 +131,7 @@ type heldRecord struct {
 	// a checker proves it is the payment's own before judging by it.
 	Sent string `json:"sent,omitempty"`
 	// SentAfter is a time before which the settlement was not asked for
-	// (the attempt's deadline back from when it ended unknown): a checker
+	// (paidCharge.sentAfter: when its Settle was asked for): a checker
 	// that searches the chain for the transaction looks no further back.
 	SentAfter time.Time `json:"sent_after,omitzero"`
 	// Signers are the addresses the gate's facilitator sent its EVM

@@ -252,7 +252,7 @@ func TestFailureNamingNoTransactionKeepsNoAnswer(t *testing.T) {
 			answer := bytes.Repeat([]byte("a"), maxHeldAnswer/2) // with its header, within what a record holds
 			bw := &bufferedWriter{header: http.Header{"Content-Type": {"application/json"}}, buf: bytes.NewBuffer(answer), code: http.StatusOK, limit: int64(len(answer))}
 			reply := c.reply
-			g.holdUnknown(req, claim, pay.JSON, g.liveOffers().offerJSON(0), g.liveOffers().offers[0], nil, g.sentAfter(), bw, &x402.UnknownOutcomeError{Op: "settle", Reply: &reply, Err: io.EOF})
+			g.holdUnknown(req, claim, pay.JSON, g.liveOffers().offerJSON(0), g.liveOffers().offers[0], nil, now(), bw, &x402.UnknownOutcomeError{Op: "settle", Reply: &reply, Err: io.EOF})
 			st, err := g.state.Claims().Lookup(context.Background(), keys[0])
 			if err != nil {
 				t.Fatal(err)

@@ -120,7 +120,7 @@ func (p *paidCharge) keepUnrecorded(r *http.Request, sr x402.SettleResponse, hel
 		return nil // never: recordSettled's write was a Swap
 	}
 	u := &unrecorded{g: g, claim: p.claim, done: make(chan struct{}), who: p.settlementFields(sr)}
-	u.rec = g.newHeldRecord(r, p.claim, p.pay.JSON, p.offerJS, g.sentAfter(), p.pid)
+	u.rec = g.newHeldRecord(r, p.claim, p.pay.JSON, p.offerJS, p.sentAfter(), p.pid)
 	u.rec.Transaction, u.rec.Sent = sr.Transaction, sr.Transaction
 	g.holdAnswer(&u.rec, r, held)
 
