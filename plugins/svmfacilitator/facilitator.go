@@ -729,7 +729,7 @@ func (f *Facilitator) checkStatic(p x402.PaymentPayload, req x402.PaymentRequire
 		}
 	}
 	if tx.LookupTables > 0 {
-		return refuse(ReasonLookupTables, "", "a payment uses no address lookup tables")
+		return refuse(ReasonLookupTables, "", noLookupTables)
 	}
 	ixs := tx.Instructions
 	if len(ixs) < 3 || len(ixs) > 7 {
@@ -810,9 +810,15 @@ type transfer struct {
 // noTransfer is the refusal of a transaction transferOf finds no transfer in.
 const noTransfer = "instruction 3 must be TransferChecked of SPL Token or Token-2022"
 
+// noLookupTables is the refusal of a transaction that uses address lookup
+// tables.
+const noLookupTables = "a payment uses no address lookup tables"
+
 // transferOf reads tx's instruction 3, which must be TransferChecked (tag
 // 12; source, mint, destination, authority; u64 amount, u8 decimals) on
-// SPL Token or Token-2022.
+// SPL Token or Token-2022. tx must use no lookup tables, which its callers
+// refuse first: only then has DecodeTransaction checked that its indexes
+// name its keys.
 func transferOf(tx *Transaction) (transfer, bool) {
 	if len(tx.Instructions) < 3 {
 		return transfer{}, false
@@ -843,18 +849,22 @@ func (t transfer) pays(req x402.PaymentRequirements) (reason, msg string) {
 	return "", ""
 }
 
-// CheckPays checks that tx pays req: its instruction 3 transfers exactly
-// req's amount of req's asset to payTo's associated token account, the
-// checks of Verify that need neither the chain nor the facilitator. A gate
-// runs it on the transaction it read before it claims the payment: a
-// facilitator that judged the transaction by itself would settle, and
-// report success for, a payment of another amount or to another account.
-// A refusal is a *x402.PaymentError with the facilitator's reason.
+// CheckPays checks that tx pays req: it uses no lookup tables (Verify
+// refuses them; the accounts they name are not in tx) and its instruction 3
+// transfers exactly req's amount of req's asset to payTo's associated token
+// account, the checks of Verify that need neither the chain nor the
+// facilitator. A gate runs it on the transaction it read before it claims
+// the payment: a facilitator that judged the transaction by itself would
+// settle, and report success for, a payment of another amount or to
+// another account. A refusal is a *x402.PaymentError with the
+// facilitator's reason.
 func (tx *Transaction) CheckPays(req x402.PaymentRequirements) error {
-	t, ok := transferOf(tx)
-	reason, msg := ReasonNoTransferInstruction, noTransfer
-	if ok {
-		reason, msg = t.pays(req)
+	reason, msg := ReasonLookupTables, noLookupTables
+	if tx.LookupTables == 0 {
+		reason, msg = ReasonNoTransferInstruction, noTransfer
+		if t, ok := transferOf(tx); ok {
+			reason, msg = t.pays(req)
+		}
 	}
 	if reason == "" {
 		return nil

@@ -129,17 +129,11 @@ func TestVerifyRefusals(t *testing.T) {
 	unfunded := p
 	unfunded.Authority = testKey("unfunded")
 	lookup := func() []byte {
-		raw := p.Build(good)
-		raw = raw[:len(raw)-1]
-		raw = append(raw, 1)
-		raw = append(raw, make([]byte, 32)...)
-		raw = append(raw, 1, 0, 0)
-		tx, err := DecodeTransaction(raw)
+		tx, err := DecodeTransaction(p.Build(good))
 		if err != nil {
 			t.Fatal(err)
 		}
-		copy(tx.Signatures[1], ed25519.Sign(e.payer, tx.Message))
-		return raw
+		return signAgain(withLookupTable(tx), e.payer)
 	}
 
 	type tc struct {

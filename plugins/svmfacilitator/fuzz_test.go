@@ -2,9 +2,12 @@ package svmfacilitator
 
 import (
 	"bytes"
+	"crypto/ed25519"
 	"math"
 	"math/big"
 	"testing"
+
+	"github.com/aovhq/aov/x402"
 )
 
 // encode re-serializes a decoded transaction without lookup tables.
@@ -153,6 +156,81 @@ func FuzzMintRefusal(f *testing.F) {
 				t.Fatalf("MintCloseAuthority not reported closable: %x", data)
 			}
 			rest = rest[4+n:]
+		}
+	})
+}
+
+// withLookupTable encodes tx (a v0 message, its instructions as the caller
+// left them) with one address lookup table of two writable addresses,
+// account indexes len(tx.AccountKeys) and the next, which instructions may
+// name. The signatures are tx's: signAgain makes them valid.
+func withLookupTable(tx *Transaction) []byte {
+	raw := encode(tx)
+	raw = append(raw[:len(raw)-1], 1)      // one lookup table:
+	raw = append(raw, make([]byte, 32)...) // its address,
+	return append(raw, 2, 0, 1, 0)         // two writable indexes, no read-only one
+}
+
+// signAgain signs raw's message in place as each of signers, a signer of
+// it; raw the decoder refuses is returned as it is.
+func signAgain(raw []byte, signers ...ed25519.PrivateKey) []byte {
+	tx, err := DecodeTransaction(raw)
+	if err != nil {
+		return raw
+	}
+	for _, s := range signers {
+		for i := 0; i < int(tx.NumSigners); i++ {
+			if tx.AccountKeys[i] == pub(s) {
+				copy(tx.Signatures[i], ed25519.Sign(s, tx.Message))
+			}
+		}
+	}
+	return raw
+}
+
+// FuzzCheckPaysAgreesWithVerify edits a payment's transfer (instruction
+// 3: program, account indexes, data) and its form (with or without an
+// address lookup table, whose addresses the indexes may then name), signs
+// it again, and compares the gate's CheckPays with the facilitator's own
+// static checks of the same bytes: CheckPays never panics, accepts what
+// those checks pass, and refuses with their reason when it is one of its
+// own (paysReasons). (Before: CheckPays read a lookup-table transaction's
+// indexes unchecked, and one beyond the static keys panicked the gate's
+// handler.)
+func FuzzCheckPaysAgreesWithVerify(f *testing.F) {
+	e := newEnv(f, Config{})
+	p := e.payment(f)
+	base, err := DecodeTransaction(p.Transaction())
+	if err != nil {
+		f.Fatal(err)
+	}
+	x := base.Instructions[2]
+	f.Add(x.ProgramIndex, x.Accounts[0], x.Accounts[1], x.Accounts[2], x.Accounts[3], x.Data, false)
+	f.Add(x.ProgramIndex, x.Accounts[0], x.Accounts[1], x.Accounts[2], x.Accounts[3], x.Data, true)
+	f.Fuzz(func(t *testing.T, prog, a0, a1, a2, a3 uint8, data []byte, table bool) {
+		n := uint8(len(base.AccountKeys))
+		if table { // the table's two addresses follow the static keys
+			n += 2
+		}
+		tx := *base
+		tx.Instructions = append([]Instruction(nil), base.Instructions...)
+		tx.Instructions[2] = Instruction{ProgramIndex: prog % n, Accounts: []uint8{a0 % n, a1 % n, a2 % n, a3 % n}, Data: data}
+		raw := encode(&tx)
+		if table {
+			raw = withLookupTable(&tx)
+		}
+		pp := Payload(signAgain(raw, e.payer), e.req)
+		got, err := DecodePayload(pp.Payload)
+		if err != nil {
+			return
+		}
+		pays := got.CheckPays(e.req)
+		reason := e.f.checkStatic(pp, e.req, false).resp.InvalidReason
+		switch {
+		case reason == "" && pays != nil:
+			t.Fatalf("the facilitator's checks pass, CheckPays refuses: %v", pays)
+		case paysReasons[reason] && x402.ReasonOf(pays) != reason:
+			t.Fatalf("the facilitator refuses %s, CheckPays says %v", reason, pays)
 		}
 	})
 }
