@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/hex"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -126,26 +128,10 @@ func TestGateRefusesASolanaTransactionThatDoesNotPayItsOffer(t *testing.T) {
 	base := startCaddy(t, solanaSite(newUpstream(t).URL, "http "+remote.URL, e, filepath.Join(t.TempDir(), "gate")))
 	url := base + "/verify/schema"
 	pr := paymentRequired(t, post(t, url, "", nil))
-	offer := pr.Accepts[0]
-	sk, err := base58.Decode(e.payer.SecretKey)
-	if err != nil || len(sk) != 64 {
-		t.Fatalf("payer key: %v", err)
-	}
-	fee, _ := offer.Extra["feePayer"].(string)
-	feePub, _ := svmfacilitator.ParsePublicKey(fee)
-	payTo, _ := svmfacilitator.ParsePublicKey(offer.PayTo)
-	mint, _ := svmfacilitator.ParsePublicKey(offer.Asset)
-	bh, _ := svmfacilitator.ParsePublicKey(e.chain.LatestBlockhash())
-	p := svmfacilitator.Payment{FeePayer: feePub, Authority: ed25519.PrivateKey(sk), Mint: mint, Program: svmfacilitator.TokenProgram,
-		PayTo: payTo, Amount: 1, Decimals: 6, Blockhash: bh}
-	pp := svmfacilitator.Payload(p.Transaction(), offer)
-	pp.Resource = &pr.Resource
-	hdr, err := x402.EncodeHeader(pp)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := e.paymentOf(t, pr.Accepts[0])
+	p.Amount = 1
 	before := e.usdc(t, e.payer.Address)
-	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: hdr})
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: svmHeader(t, pr, p.Transaction())})
 	body := readJSONString(t, resp)
 	if resp.StatusCode != http.StatusPaymentRequired || !strings.Contains(body, `"reason":"`+svmfacilitator.ReasonAmountMismatch+`"`) {
 		t.Fatalf("a transfer of 1 atom: status %d: %s; want 402 %s", resp.StatusCode, body, svmfacilitator.ReasonAmountMismatch)
@@ -156,4 +142,90 @@ func TestGateRefusesASolanaTransactionThatDoesNotPayItsOffer(t *testing.T) {
 	if got := before - e.usdc(t, e.payer.Address); got != 0 {
 		t.Fatalf("charged %d", got)
 	}
+}
+
+// A Solana transaction that uses an address lookup table is a 402 with the
+// facilitator's reason for it, nothing charged, even when its transfer's
+// destination is an address of the table, which the gate cannot read.
+// (Before: the gate's check of the transfer read the account index past
+// the transaction's keys and the handler panicked: no answer, the
+// connection cut.)
+func TestGateRefusesALookupTablePayment(t *testing.T) {
+	e := newSolanaEnv(t)
+	base := startCaddy(t, solanaSite(newUpstream(t).URL, e.svmBlock(), e, filepath.Join(t.TempDir(), "gate")))
+	url := base + "/verify/schema"
+	pr := paymentRequired(t, post(t, url, "", nil))
+	p := e.paymentOf(t, pr.Accepts[0])
+	before := e.usdc(t, e.payer.Address)
+	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: svmHeader(t, pr, transferFromLookupTable(t, p))})
+	body := readJSONString(t, resp)
+	if resp.StatusCode != http.StatusPaymentRequired || !strings.Contains(body, `"reason":"`+svmfacilitator.ReasonLookupTables+`"`) {
+		t.Fatalf("status %d: %s; want 402 %s", resp.StatusCode, body, svmfacilitator.ReasonLookupTables)
+	}
+	if got := before - e.usdc(t, e.payer.Address); got != 0 {
+		t.Fatalf("charged %d", got)
+	}
+}
+
+// paymentOf is a payment of offer by e's payer, as the official client
+// builds it.
+func (e *solanaEnv) paymentOf(t *testing.T, offer x402.PaymentRequirements) svmfacilitator.Payment {
+	t.Helper()
+	sk, err := base58.Decode(e.payer.SecretKey)
+	if err != nil || len(sk) != 64 {
+		t.Fatalf("payer key: %v", err)
+	}
+	amount, err := strconv.ParseUint(offer.Amount, 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fee, _ := offer.Extra["feePayer"].(string)
+	feePub, _ := svmfacilitator.ParsePublicKey(fee)
+	payTo, _ := svmfacilitator.ParsePublicKey(offer.PayTo)
+	mint, _ := svmfacilitator.ParsePublicKey(offer.Asset)
+	bh, _ := svmfacilitator.ParsePublicKey(e.chain.LatestBlockhash())
+	return svmfacilitator.Payment{FeePayer: feePub, Authority: ed25519.PrivateKey(sk), Mint: mint, Program: svmfacilitator.TokenProgram,
+		PayTo: payTo, Amount: amount, Decimals: 6, Blockhash: bh}
+}
+
+// svmHeader is the PAYMENT-SIGNATURE header of the transaction raw for
+// pr's first offer.
+func svmHeader(t *testing.T, pr x402.PaymentRequired, raw []byte) string {
+	t.Helper()
+	pp := svmfacilitator.Payload(raw, pr.Accepts[0])
+	pp.Resource = &pr.Resource
+	hdr, err := x402.EncodeHeader(pp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hdr
+}
+
+// transferFromLookupTable is p's transaction made to use an address lookup
+// table of one writable address, which its transfer names as destination
+// (account index len(AccountKeys), past the transaction's keys), signed
+// again by p's authority.
+func transferFromLookupTable(t *testing.T, p svmfacilitator.Payment) []byte {
+	t.Helper()
+	raw := p.Transaction()
+	tx, err := svmfacilitator.DecodeTransaction(raw)
+	if err != nil || tx.LookupTables != 0 || raw[len(raw)-1] != 0 {
+		t.Fatalf("not a payment without lookup tables: %v", err)
+	}
+	// The transfer's accounts and data, found by their bytes.
+	ix := tx.Instructions[2]
+	enc := append(append([]byte{byte(len(ix.Accounts))}, ix.Accounts...), byte(len(ix.Data)))
+	at := bytes.Index(raw, append(enc, ix.Data...))
+	if at < 0 {
+		t.Fatal("the transfer is not in the transaction's bytes")
+	}
+	raw[at+1+2] = byte(len(tx.AccountKeys)) // the destination
+	raw = append(raw[:len(raw)-1], 1)       // one lookup table:
+	raw = append(raw, make([]byte, 32)...)  // its address,
+	raw = append(raw, 1, 0, 0)              // one writable index, no read-only one
+	if tx, err = svmfacilitator.DecodeTransaction(raw); err != nil {
+		t.Fatal(err)
+	}
+	copy(tx.Signatures[1], ed25519.Sign(p.Authority, tx.Message))
+	return raw
 }
