@@ -589,6 +589,7 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 	if err := g.checkOffers(); err != nil {
 		return err
 	}
+	g.warnUnreadOffers()
 	waiting, err := g.fillFeePayers()
 	if err != nil {
 		return err
@@ -701,6 +702,23 @@ func (g *Gate) Cleanup() error {
 func (g *Gate) noteRefusal(r *http.Request) {
 	if g.rates != nil {
 		g.rates.note(clientAddr(r))
+	}
+}
+
+// warnUnreadOffers warns of each offer on a network readPayment does not
+// read (neither EVM nor Solana: a CAIP-2 id only a remote facilitator
+// settles). The gate checks nothing of what a payment on it signs, so the
+// facilitator's verdict alone decides what the payment pays: one that
+// judged the payload by itself would settle, and the gate serve, 1 atom or
+// a transfer to another account. Such an offer is allowed (README); the
+// operator is told to name there only a facilitator trusted with that
+// check.
+func (g *Gate) warnUnreadOffers() {
+	for i, o := range g.offers {
+		if !x402.IsEVM(o.Network) && !x402.IsSolana(o.Network) {
+			g.logger.Warn("the gateway cannot read a payment on this accept's network: the facilitator's verdict alone decides what it pays; name only a facilitator you trust to check a payment against the offer",
+				zap.Int("accept", i), zap.String("network", o.Network))
+		}
 	}
 }
 

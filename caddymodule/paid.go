@@ -298,6 +298,8 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	// whatever the facilitator's verdict: one that judged the authorization
 	// or transaction by itself would settle, and report success for, 1
 	// atom or a transfer to another account. Nothing is claimed or charged.
+	// On a network readPayment does not read, the verdict alone decides
+	// (warnUnreadOffers).
 	var unpaid error
 	switch {
 	case auth != nil:
@@ -1200,8 +1202,9 @@ func reasonFor(err error, fallback string) string {
 // permit2Authorization for Permit2, which our offers never advertise and
 // its claim could not name) with canonical decimal numbers (the only
 // spelling BigInt and our readers agree on). On Solana: the transaction's
-// canonical base64 (readSVMPayment). The claim is named and timed by what
-// was read (claimKeys).
+// canonical base64 (readSVMPayment). On any other network nothing is read
+// (warnUnreadOffers). The claim is named and timed by what was read
+// (claimKeys).
 func readPayment(pay x402.Payment, network string) (*x402.AuthorizationValues, *svmfacilitator.Transaction, error) {
 	switch {
 	case x402.IsEVM(network):
