@@ -510,6 +510,7 @@ type paidCharge struct {
 	offerJS json.RawMessage // offer's JSON (Gate.offerJSON)
 	claim   store.Claim
 	claimed time.Time           // when the claim was asked for (sentAfter)
+	payer   string              // the payment's payer (paymentPayer)
 	note    string              // the record written with the claim ("" if none: claimPaid)
 	sr      x402.SettleResponse // set by a successful settle
 	pid     *paymentIDCall      // the call's payment identifier, if any (idempotency.go)

@@ -639,7 +639,7 @@ func (c *paymentIDCall) serveSaved(w http.ResponseWriter, r *http.Request, ex ex
 	if err := json.Unmarshal(st.Answer, &ans); err != nil {
 		return ex.refuse(w, r, apierr.Internal(fmt.Errorf("decoding a saved answer: %w", err)))
 	}
-	ans.Settlement = toldSettlement(ans.Settlement, c.payload, c.payload.Accepted.Network)
+	ans.Settlement = toldSettlement(ans.Settlement, payerOf(c.payload, c.payload.Accepted.Network), c.payload.Accepted.Network)
 	if !ans.Kept {
 		c.g.setPaidHeaders(w.Header(), ans.Settlement)
 		return ex.refuse(w, r, fresh(errPaymentIDAnswerNotKept))

@@ -310,6 +310,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if unpaid != nil {
 		return ex.demand(w, r, http.StatusPaymentRequired, "Invalid payment: "+unpaid.Error(), x402.ReasonOf(unpaid), nil)
 	}
+	payer := paymentPayer(auth, svmTx)
 	keys, until := claimKeys(raw, offer, auth, svmTx)
 	until = pid.holdUntil(until)
 	// A settlement this gateway keeps unrecorded (unrecorded.go) is
@@ -338,7 +339,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	// was charged, the client may retry with the same payment), or keeps it
 	// pending until it lapses (the outcome is unknown: never invite a second
 	// payment).
-	pc := &paidCharge{g: g, ex: ex, next: next, pay: pay, offer: offer, offerJS: offerJS, claim: claim, claimed: claimed, note: note, pid: pid}
+	pc := &paidCharge{g: g, ex: ex, next: next, pay: pay, offer: offer, offerJS: offerJS, claim: claim, claimed: claimed, note: note, pid: pid, payer: payer}
 
 	verifyTimeout, _ := g.callTimeouts()
 	vctx, cancel := context.WithTimeout(ctx, verifyTimeout)
@@ -369,9 +370,7 @@ func (g *Gate) servePaid(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		reason := facilitatorReason(vr.InvalidReason, x402.ReasonInvalidPayload)
 		return ex.demand(w, r, http.StatusPaymentRequired, reason, reason, nil)
 	}
-	// The payment's payer (payerOf), never the one the reply names: see
-	// settledAs.
-	payer := payerOf(payload, offer.Network)
+	// The payment's payer, never the one the reply names: see settledAs.
 	ex.paymentVerified(payer)
 	if g.Settle == "before" {
 		// Settled before the upstream runs, the call would be paid for
@@ -667,7 +666,7 @@ func (p *paidCharge) settleOnce(w http.ResponseWriter, r *http.Request, held *bu
 // with an Error. Its errorMessage, free text, goes to the log only.
 func (p *paidCharge) settledAs(sr *x402.SettleResponse) {
 	sr.Transaction = p.toldTransaction(sr.Transaction) // logged here, once
-	told := toldSettlement(*sr, p.pay.PaymentPayload, p.offer.Network)
+	told := toldSettlement(*sr, p.payer, p.offer.Network)
 	// An EVM address's letter case is a checksum (store.SameWallet). A
 	// payload that names no payer the gate can read (payer "") leaves none
 	// to tell, or record.
@@ -703,13 +702,13 @@ func (p *paidCharge) toldTransaction(tx string) string {
 // errorReason?}, and nothing else. Of sr only success, transaction and
 // errorReason are kept, the transaction as facilitatorTransaction and a
 // failure's errorReason as facilitatorReason tell them; the payer is the
-// payment's own (payerOf). It is
+// payment's own (payerOf, paymentPayer). It is
 // the one builder of every settlement a buyer sees (PAYMENT-RESPONSE, a
 // payment identifier's saved answer, MCP's _meta), also of one read back
 // from the store, which may have been saved by an older gateway that
 // passed on what a facilitator said.
-func toldSettlement(sr x402.SettleResponse, p x402.PaymentPayload, network string) x402.SettleResponse {
-	told := x402.SettleResponse{Success: sr.Success, Transaction: facilitatorTransaction(sr.Transaction, network), Network: network, Payer: payerOf(p, network)}
+func toldSettlement(sr x402.SettleResponse, payer, network string) x402.SettleResponse {
+	told := x402.SettleResponse{Success: sr.Success, Transaction: facilitatorTransaction(sr.Transaction, network), Network: network, Payer: payer}
 	if !sr.Success {
 		told.ErrorReason = facilitatorReason(sr.ErrorReason, x402.ReasonUnexpectedSettleError)
 	}

@@ -1397,7 +1397,7 @@ func (g *Gate) settledEarlier(ctx context.Context, p x402.PaymentPayload, offer 
 	case st.State != x402.SettlementDone:
 		return sr, false, false
 	}
-	return toldSettlement(x402.SettleResponse{Success: true, Transaction: st.Transaction}, p, offer.Network), true, false
+	return toldSettlement(x402.SettleResponse{Success: true, Transaction: st.Transaction}, payerOf(p, offer.Network), offer.Network), true, false
 }
 
 // signedByPayer reports whether p is an EIP-3009 authorization of offer's
@@ -1527,7 +1527,7 @@ func (g *Gate) resolveOnRetry(w http.ResponseWriter, r *http.Request, next caddy
 	if now().Before(h.Running) {
 		return true, runUnderWay(w, r, ex, h) // another retry runs it
 	}
-	sr := toldSettlement(x402.SettleResponse{Success: true, Transaction: h.Transaction}, h.payload, h.offer.Network)
+	sr := toldSettlement(x402.SettleResponse{Success: true, Transaction: h.Transaction}, payerOf(h.payload, h.offer.Network), h.offer.Network)
 	// Asked before anything is reported: the payment is public once
 	// settled, and a request it did not pay for must neither wait for a
 	// report nor make the gate send one.
@@ -1793,13 +1793,31 @@ func samePayment(held, p x402.PaymentPayload) bool {
 // PAYMENT-RESPONSE, sign-in-with-x access, the logs): only that wallet's
 // funds can move under the payment, whatever a facilitator's reply says
 // (settledAs).
+//
+// servePaid, which has read the payment, takes its payer from what it read
+// (paymentPayer) rather than decoding the payload again.
 func payerOf(p x402.PaymentPayload, network string) string {
 	if x402.IsSolana(network) {
 		return svmfacilitator.PayerOf(p)
 	}
+	if !x402.IsEVM(network) {
+		return "" // a network the gate cannot read (warnUnreadOffers)
+	}
 	var ev x402.ExactEVMPayload
 	if len(p.Payload) > 0 && json.Unmarshal(p.Payload, &ev) == nil && common.IsHexAddress(ev.Authorization.From) {
 		return common.HexToAddress(ev.Authorization.From).Hex()
+	}
+	return ""
+}
+
+// paymentPayer is payerOf a payment servePaid read (readPayment): auth on
+// EVM, svmTx on Solana, neither on a network the gate cannot read.
+func paymentPayer(auth *x402.AuthorizationValues, svmTx *svmfacilitator.Transaction) string {
+	switch {
+	case auth != nil:
+		return auth.From.Hex()
+	case svmTx != nil:
+		return svmTx.Payer()
 	}
 	return ""
 }

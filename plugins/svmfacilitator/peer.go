@@ -73,7 +73,7 @@ func (f *Facilitator) PeerSettlementStatus(ctx context.Context, p x402.PaymentPa
 				return x402.SettlementStatus{}, err
 			}
 		}
-		out.Payer = payerOf(tx)
+		out.Payer = tx.Payer()
 		return out, nil
 	}
 	out.State = o.state

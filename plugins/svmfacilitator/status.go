@@ -305,7 +305,7 @@ func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction, p x402.Pa
 		// landed as its own (markedBy), not another's.
 		f.mu.Lock()
 		if f.memory(key, now()) == nil {
-			adopted.sig, adopted.blockhash, adopted.payer, adopted.pending, adopted.at = sig, base58.Encode(tx.Blockhash[:]), payerOf(tx), true, now()
+			adopted.sig, adopted.blockhash, adopted.payer, adopted.pending, adopted.at = sig, base58.Encode(tx.Blockhash[:]), tx.Payer(), true, now()
 			f.settled[key] = adopted
 		}
 		f.mu.Unlock()
@@ -321,7 +321,7 @@ func (f *Facilitator) unrecorded(ctx context.Context, tx *Transaction, p x402.Pa
 		// record.
 		f.mu.Lock()
 		if f.memory(key, now()) == nil {
-			f.settled[key] = &settlement{sig: sig, blockhash: base58.Encode(tx.Blockhash[:]), payer: payerOf(tx), failed: o.failed, lost: out.State == x402.SettlementNever && o.failed == "", at: now()}
+			f.settled[key] = &settlement{sig: sig, blockhash: base58.Encode(tx.Blockhash[:]), payer: tx.Payer(), failed: o.failed, lost: out.State == x402.SettlementNever && o.failed == "", at: now()}
 		}
 		f.mu.Unlock()
 	}

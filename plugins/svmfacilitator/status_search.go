@@ -84,11 +84,12 @@ func PayerOf(p x402.PaymentPayload) string {
 	if err != nil {
 		return ""
 	}
-	return payerOf(tx)
+	return tx.Payer()
 }
 
-// payerOf is PayerOf a decoded transaction.
-func payerOf(tx *Transaction) string {
+// Payer is PayerOf a decoded transaction: the owner its transfer moves
+// funds of, "" when it has no transfer.
+func (tx *Transaction) Payer() string {
 	ix, ok := tx.transfer()
 	if !ok {
 		return ""
