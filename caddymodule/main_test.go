@@ -16,6 +16,11 @@ var (
 	testDir string
 	// caddyStorage is the storage folder of every Caddy the tests load.
 	caddyStorage string
+	// trustedCert and trustedKey are the files of a certificate for
+	// 127.0.0.1 that every TLS client of the test binary verifying with
+	// the system's roots trusts (SSL_CERT_FILE names it): a gate's remote
+	// facilitator reached over HTTPS, with its default transport.
+	trustedCert, trustedKey string
 )
 
 func TestMain(m *testing.M) {
@@ -29,6 +34,12 @@ func TestMain(m *testing.M) {
 	os.Setenv("XDG_DATA_HOME", testDir)
 	os.Setenv("XDG_CONFIG_HOME", testDir)
 	caddyStorage = filepath.Join(testDir, "storage")
+	// Set before any TLS client reads the system's roots: they are read
+	// once per process.
+	if trustedCert, trustedKey, err = writeLoopbackCert(testDir); err != nil {
+		panic(err)
+	}
+	os.Setenv("SSL_CERT_FILE", trustedCert)
 	code := m.Run()
 	os.RemoveAll(testDir)
 	os.Exit(code)

@@ -29,20 +29,30 @@ import (
 // selfSignedLoopbackCert writes a certificate and key for 127.0.0.1 (HTTP/3
 // needs TLS) and returns their paths.
 func selfSignedLoopbackCert(t *testing.T) (string, string) {
-	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tpl, tpl, &k.PublicKey, k)
+	c, k, err := writeLoopbackCert(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c, k
+}
+
+// writeLoopbackCert writes a self-signed certificate for 127.0.0.1, valid
+// for a day, and its key into dir, and returns their paths.
+func writeLoopbackCert(dir string) (string, string, error) {
+	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tpl, tpl, &k.PublicKey, k)
+	if err != nil {
+		return "", "", err
+	}
 	kb, _ := x509.MarshalECPrivateKey(k)
-	dir := t.TempDir()
 	c, kp := filepath.Join(dir, "c.pem"), filepath.Join(dir, "k.pem")
-	os.WriteFile(c, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
-	os.WriteFile(kp, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600)
-	return c, kp
+	if err := os.WriteFile(c, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		return "", "", err
+	}
+	return c, kp, os.WriteFile(kp, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600)
 }
 
 // RFC 9220: a WebSocket over HTTP/3 is an extended CONNECT (:protocol

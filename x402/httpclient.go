@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -89,7 +90,12 @@ type HTTPFacilitatorConfig struct {
 	// dial (DialTimeout) and the wait for the reply's headers (Timeout),
 	// with no timeout of its own (Timeout governs the whole call). Its
 	// CheckRedirect is replaced (on a copy): a redirect is never followed
-	// (refuseRedirect).
+	// (refuseRedirect). An *http.Transport (nil: http.DefaultTransport) is
+	// used as a copy whose connections count the bytes written on them
+	// (countWrites), so that a settle's attempts are told written or not
+	// (sendTrace); over any other transport, or a connection its
+	// DialTLSContext or Dial made, a settle that got a connection is taken
+	// as sent.
 	Client *http.Client
 	// MaxResponseBytes caps a reply body. Default DefaultMaxResponseBytes.
 	MaxResponseBytes int64
@@ -133,6 +139,13 @@ func NewHTTPFacilitator(cfg HTTPFacilitatorConfig) *HTTPFacilitator {
 	}
 	c := *cfg.Client
 	c.CheckRedirect = refuseRedirect
+	rt := c.Transport
+	if rt == nil {
+		rt = http.DefaultTransport
+	}
+	if tr, ok := rt.(*http.Transport); ok {
+		c.Transport = countWrites(tr)
+	}
 	cfg.Client = &c
 	if cfg.MaxResponseBytes <= 0 {
 		cfg.MaxResponseBytes = DefaultMaxResponseBytes
@@ -311,15 +324,16 @@ func (f *HTTPFacilitator) Supported(ctx context.Context) (SupportedResponse, err
 }
 
 // Settle asks the facilitator to execute p for req, exactly once: it is
-// never retried. A reply carrying a success verdict is an answer whatever
-// its status (success:true means the money moved), except success:false
-// with facilitator_unavailable and no transaction, which is a
-// *FacilitatorError: the facilitator sent nothing. Without a verdict: a
+// never retried, and net/http never sends it again either (sendTrace's
+// bodyWhileUnsent). A reply carrying a success verdict is an answer
+// whatever its status (success:true means the money moved), except
+// success:false with facilitator_unavailable and no transaction, which is
+// a *FacilitatorError: the facilitator sent nothing. Without a verdict: a
 // connection never made (refused, or its TLS handshake failed:
-// neverConnected) or a 4xx (other than 408 and 409) is a
-// *FacilitatorError, as nothing settled; everything else (timeout, dropped connection, 3xx, 5xx,
-// malformed or oversized reply, success:false that may follow a send:
-// settleUnknown) is an *UnknownOutcomeError.
+// sendTrace.unsent) or a 4xx (other than 408 and 409) is a
+// *FacilitatorError, as nothing settled; everything else (timeout, dropped
+// connection, 3xx, 5xx, malformed or oversized reply, success:false that
+// may follow a send: settleUnknown) is an *UnknownOutcomeError.
 func (f *HTTPFacilitator) Settle(ctx context.Context, p PaymentPayload, req PaymentRequirements) (SettleResponse, error) {
 	var out SettleResponse
 	if f.err != nil {
@@ -331,7 +345,7 @@ func (f *HTTPFacilitator) Settle(ctx context.Context, p PaymentPayload, req Paym
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
 	defer cancel()
-	r, err := f.do(ctx, http.MethodPost, "/settle", body)
+	r, err := f.do(ctx, http.MethodPost, "/settle", body, true)
 	if err != nil {
 		if r.unsent {
 			return out, &FacilitatorError{Op: "settle", Err: err}
@@ -375,7 +389,7 @@ func (f *HTTPFacilitator) callWithRetry(ctx context.Context, op, method, path st
 	defer cancel()
 	wait := f.cfg.Backoff
 	for attempt := 0; ; attempt++ {
-		r, err := f.do(ctx, method, path, body)
+		r, err := f.do(ctx, method, path, body, false)
 		var retry bool
 		if err != nil {
 			err = &FacilitatorError{Op: op, Status: r.status, Err: err}
@@ -417,15 +431,17 @@ type reply struct {
 	body       []byte
 	retryAfter time.Duration
 	// unsent reports, with an error, that no byte of the request left
-	// this process: no connection was ever made for it (neverConnected).
+	// this process (sendTrace.unsent).
 	unsent bool
 }
 
 // do sends one request and reads a capped reply. A non-nil error with a
-// non-zero status means the reply arrived but could not be read whole.
-func (f *HTTPFacilitator) do(ctx context.Context, method, path string, body []byte) (reply, error) {
-	var nc neverConnected
-	ctx = httptrace.WithClientTrace(ctx, nc.trace())
+// non-zero status means the reply arrived but could not be read whole. A
+// request sent once (/settle) is never sent again by the transport once a
+// byte of it was written.
+func (f *HTTPFacilitator) do(ctx context.Context, method, path string, body []byte, once bool) (reply, error) {
+	var st sendTrace
+	ctx = httptrace.WithClientTrace(ctx, st.trace())
 	u := *f.base
 	u.Path += path
 	var rd io.Reader
@@ -435,6 +451,9 @@ func (f *HTTPFacilitator) do(ctx context.Context, method, path string, body []by
 	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
 	if err != nil {
 		return reply{}, err
+	}
+	if once && body != nil {
+		req.GetBody = st.bodyWhileUnsent(ctx, body)
 	}
 	if f.user != nil {
 		pw, _ := f.user.Password()
@@ -449,7 +468,7 @@ func (f *HTTPFacilitator) do(ctx context.Context, method, path string, body []by
 	}
 	resp, err := f.cfg.Client.Do(req)
 	if err != nil {
-		return reply{unsent: nc.is(err)}, err
+		return reply{unsent: st.unsent(err)}, err
 	}
 	defer resp.Body.Close()
 	r := reply{status: resp.StatusCode}
@@ -485,35 +504,165 @@ func replyMembers(body []byte) (map[string]json.RawMessage, bool) {
 // /supported fail, and /settle's outcome is unknown.
 func refuseRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
-// neverConnected tells a request that failed before any connection was
-// handed it: its TCP dial or TLS handshake (refused, timed out, a
-// certificate not trusted) or a proxy's CONNECT failed, so no byte of it
-// was sent. net/http's transport reports GetConn when it starts to get a
-// connection and GotConn once it has one, before writing a byte, both on
-// the goroutine of the call, so a call that ended between the two sent
-// nothing. A request that was written, in part or whole, had its GotConn
-// first: its lost reply stays an unknown outcome. A transport that traces
-// nothing (a Client given in the config) is judged by its error alone: a
-// dial error.
-type neverConnected struct{ asked, connected atomic.Bool }
+// sendTrace follows one call's attempts to tell whether any byte of its
+// request left this process. net/http may make several attempts within
+// one call: it sends a request again on a new connection when a kept-alive
+// one failed before taking a byte, when an HTTP/2 connection could take no
+// new stream, or (for a request whose body it can rewind through GetBody)
+// when a stream was reset or refused or, with an Idempotency-Key header, a
+// kept-alive connection's reply was lost. The transport reports GotConn,
+// on the call's goroutine, once an attempt has a connection and before it
+// writes a byte of the request on it, so a connection's count of bytes
+// written (countingConn) then, and when the call ended, tell whether the
+// attempt wrote any. The call sent nothing when no attempt wrote a byte:
+// an attempt whose connection was never made (its dial or TLS handshake
+// failed, refused, timed out, a certificate not trusted: GetConn without
+// GotConn), or one whose kept-alive connection failed before taking a
+// byte. A connection that counts nothing (one made by a transport's
+// DialTLSContext, or by a transport other than an *http.Transport) may
+// have taken the request: a call that got one is taken as sent.
+type sendTrace struct {
+	mu     sync.Mutex
+	asked  bool                    // GetConn: an attempt set out to get a connection
+	conns  map[*countingConn]int64 // each connection an attempt got, and its bytes written then
+	opaque bool                    // an attempt got a connection that counts nothing
+}
 
-func (n *neverConnected) trace() *httptrace.ClientTrace {
+func (s *sendTrace) trace() *httptrace.ClientTrace {
 	return &httptrace.ClientTrace{
-		GetConn: func(string) { n.asked.Store(true) },
-		GotConn: func(httptrace.GotConnInfo) { n.connected.Store(true) },
+		GetConn: func(string) {
+			s.mu.Lock()
+			s.asked = true
+			s.mu.Unlock()
+		},
+		GotConn: func(info httptrace.GotConnInfo) { s.got(info.Conn) },
 	}
 }
 
-// is reports whether the call that failed with err sent nothing.
-func (n *neverConnected) is(err error) bool {
+// got notes an attempt's connection. Every HTTP/2 attempt and a connection
+// reused by a later attempt keep the first count: a byte written on it
+// since then by any attempt is this call's (or, over HTTP/2, may be
+// another stream's; a call is then taken as sent, which may hold a request
+// that sent nothing, never release one that was sent).
+func (s *sendTrace) got(c net.Conn) {
+	cc := countedConn(c)
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	switch {
-	case n.connected.Load():
+	case cc == nil:
+		s.opaque = true
+	case s.conns == nil:
+		s.conns = map[*countingConn]int64{cc: cc.written.Load()}
+	default:
+		if _, ok := s.conns[cc]; !ok {
+			s.conns[cc] = cc.written.Load()
+		}
+	}
+}
+
+// wroteNothing reports whether attempts got connections, each of which
+// counts its bytes and took none since.
+func (s *sendTrace) wroteNothing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.opaque || len(s.conns) == 0 {
 		return false
-	case n.asked.Load():
+	}
+	for c, at := range s.conns {
+		if c.written.Load() != at {
+			return false
+		}
+	}
+	return true
+}
+
+// unsent reports whether the call that failed with err sent nothing: no
+// attempt got a connection. A call that traced nothing (a transport that
+// reports no GetConn) is judged by its error alone: a dial error.
+func (s *sendTrace) unsent(err error) bool {
+	s.mu.Lock()
+	got, asked := s.opaque || len(s.conns) > 0, s.asked
+	s.mu.Unlock()
+	switch {
+	case got:
+		return false
+	case asked:
 		return true
 	}
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// errSentOnce is what the transport gets when it would send a /settle
+// again: the request may have reached the facilitator.
+var errSentOnce = errors.New("not sent again: the request was written, in part or whole, and a settle is sent once")
+
+// bodyWhileUnsent is the GetBody of a request sent once: the transport
+// rewinds the body through it to send the request again, and gets it only
+// while no byte of the request was written (wroteNothing), so a request
+// that never left (a stale kept-alive connection) is still sent on a new
+// one, and one the facilitator may have taken is never sent twice, its
+// second reply (an already used nonce, say) taken for the verdict of the
+// first.
+func (s *sendTrace) bodyWhileUnsent(ctx context.Context, body []byte) func() (io.ReadCloser, error) {
+	return func() (io.ReadCloser, error) {
+		if ctx.Err() != nil || !s.wroteNothing() {
+			return nil, errSentOnce
+		}
+		return io.NopCloser(bytes.NewReader(body)), nil
+	}
+}
+
+// countingConn is a connection that counts the bytes written on it: the
+// request's, and over TLS the records carrying it (sendTrace).
+type countingConn struct {
+	net.Conn
+	written atomic.Int64
+}
+
+func (c *countingConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.written.Add(int64(n))
+	return n, err
+}
+
+// countedConn is the countingConn under c (net/http's TLS connection wraps
+// the one its dialer made), nil when there is none.
+func countedConn(c net.Conn) *countingConn {
+	for c != nil {
+		switch v := c.(type) {
+		case *countingConn:
+			return v
+		case interface{ NetConn() net.Conn }:
+			c = v.NetConn()
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+// countWrites returns a copy of tr whose dialer's connections are
+// countingConns. A DialTLSContext's connections are left as they are:
+// net/http reads the TLS state (and HTTP/2) only from a *tls.Conn. A
+// transport that dials through its deprecated Dial keeps it, uncounted.
+func countWrites(tr *http.Transport) *http.Transport {
+	tr = tr.Clone()
+	if tr.DialContext == nil && tr.Dial != nil {
+		return tr
+	}
+	dial := tr.DialContext
+	if dial == nil {
+		dial = (&net.Dialer{}).DialContext // what net/http dials with when none is set
+	}
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil || c == nil {
+			return c, err
+		}
+		return &countingConn{Conn: c}, nil
+	}
+	return tr
 }
 
 // deadlineTransport is http.DefaultTransport's setup with a dial deadline
