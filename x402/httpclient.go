@@ -329,8 +329,9 @@ func (f *HTTPFacilitator) Supported(ctx context.Context) (SupportedResponse, err
 // whatever its status (success:true means the money moved), except
 // success:false with facilitator_unavailable and no transaction, which is
 // a *FacilitatorError: the facilitator sent nothing. Without a verdict: a
-// connection never made (refused, or its TLS handshake failed:
-// sendTrace.unsent) or a 4xx (other than 408 and 409) is a
+// request of which no byte was written (its connection never made, refused
+// or its TLS handshake failed, or a kept-alive one that failed before
+// taking a byte: sendTrace.unsent) or a 4xx (other than 408 and 409) is a
 // *FacilitatorError, as nothing settled; everything else (timeout, dropped
 // connection, 3xx, 5xx, malformed or oversized reply, success:false that
 // may follow a send: settleUnknown) is an *UnknownOutcomeError.
@@ -468,7 +469,7 @@ func (f *HTTPFacilitator) do(ctx context.Context, method, path string, body []by
 	}
 	resp, err := f.cfg.Client.Do(req)
 	if err != nil {
-		return reply{unsent: st.unsent(err)}, err
+		return reply{unsent: st.unsent(ctx, err)}, err
 	}
 	defer resp.Body.Close()
 	r := reply{status: resp.StatusCode}
@@ -576,16 +577,20 @@ func (s *sendTrace) wroteNothing() bool {
 	return true
 }
 
-// unsent reports whether the call that failed with err sent nothing: no
-// attempt got a connection. A call that traced nothing (a transport that
-// reports no GetConn) is judged by its error alone: a dial error.
-func (s *sendTrace) unsent(err error) bool {
+// unsent reports whether the call of context ctx that failed with err sent
+// nothing. A call that got a connection and ended by its context is taken
+// as sent: HTTP/2 returns then without waiting for the stream's writer,
+// which may still be writing (net/http waits for it on every other
+// failure, and for HTTP/1's writer always). A call that traced nothing (a
+// transport that reports no GetConn) is judged by its error alone: a dial
+// error.
+func (s *sendTrace) unsent(ctx context.Context, err error) bool {
 	s.mu.Lock()
 	got, asked := s.opaque || len(s.conns) > 0, s.asked
 	s.mu.Unlock()
 	switch {
 	case got:
-		return false
+		return ctx.Err() == nil && s.wroteNothing()
 	case asked:
 		return true
 	}

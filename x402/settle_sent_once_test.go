@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -169,5 +170,77 @@ func TestHTTPFacilitatorSettleNotSentAgainWithIdempotencyKey(t *testing.T) {
 	var ue *UnknownOutcomeError
 	if n := calls.Load(); n != 2 || !errors.As(err, &ue) {
 		t.Fatalf("the facilitator got %d requests; Settle returned %+v, %v; want 2 (the verify, one settle) and an *UnknownOutcomeError", n, out, err)
+	}
+}
+
+// fakeWriteFailingConn is a facilitator connection whose writes fail,
+// writing nothing (EPIPE), once broken is set. FAKE FOR A FAULT: a
+// kept-alive connection that the facilitator reset while the client took
+// it from its idle pool, a race no real server loses on demand.
+type fakeWriteFailingConn struct {
+	net.Conn
+	broken *atomic.Bool
+}
+
+func (c fakeWriteFailingConn) Write(b []byte) (int, error) {
+	if c.broken.Load() {
+		return 0, syscall.EPIPE
+	}
+	return c.Conn.Write(b)
+}
+
+// A /settle of which no byte was written (its kept-alive connection's
+// first write failed) is sent by net/http on a new connection: when that
+// one is made, the settle is answered; when it is refused, nothing of the
+// request was sent and Settle returns a *FacilitatorError. (Before: the
+// failed kept-alive connection had been got, so the call counted as
+// connected and the refused dial was an *UnknownOutcomeError: the gate
+// held a payment never sent as settlement_pending until it expired.)
+func TestHTTPFacilitatorSettleNothingWritten(t *testing.T) {
+	for _, down := range []bool{false, true} {
+		name := "the new connection is answered"
+		if down {
+			name = "the new connection is refused"
+		}
+		t.Run(name, func(t *testing.T) {
+			srv, calls := scriptServer(t,
+				scripted{status: 200, body: `{"isValid":true,"payer":"0x857b06519E91e3A54538791bDbb0E22373e36b66"}`},
+				scripted{status: 200, body: `{"success":true,"transaction":"0xabc","network":"eip155:84532"}`})
+			dead := httptest.NewServer(nil)
+			deadAddr := dead.Listener.Addr().String()
+			dead.Close() // its port refuses connections
+			var broken atomic.Bool
+			var dials atomic.Int32
+			tr := deadlineTransport(time.Second, 5*time.Second)
+			d := &net.Dialer{Timeout: time.Second}
+			tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+				first := dials.Add(1) == 1
+				if !first && down {
+					addr = deadAddr
+				}
+				c, err := d.DialContext(ctx, network, addr)
+				if err != nil || !first {
+					return c, err
+				}
+				return fakeWriteFailingConn{c, &broken}, nil
+			}
+			f := NewHTTPFacilitator(HTTPFacilitatorConfig{URL: srv.URL, Timeout: 5 * time.Second, Client: &http.Client{Transport: tr}})
+			p, req := samplePayment(t)
+			if _, err := f.Verify(context.Background(), p, req); err != nil {
+				t.Fatal(err)
+			}
+			broken.Store(true) // the kept-alive connection's writes fail
+			out, err := f.Settle(context.Background(), p, req)
+			if n := dials.Load(); n != 2 {
+				t.Fatalf("%d dials; want 2 (the request sent again on a new connection)", n)
+			}
+			var fe *FacilitatorError
+			switch {
+			case down && (!errors.As(err, &fe) || calls.Load() != 1):
+				t.Fatalf("Settle: %+v, %v (the facilitator got %d requests); want a *FacilitatorError and the verify alone: nothing of it was sent", out, err, calls.Load())
+			case !down && (err != nil || !out.Success || calls.Load() != 2):
+				t.Fatalf("Settle: %+v, %v (the facilitator got %d requests); want its success and 2 requests", out, err, calls.Load())
+			}
+		})
 	}
 }
