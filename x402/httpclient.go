@@ -326,15 +326,16 @@ func (f *HTTPFacilitator) Supported(ctx context.Context) (SupportedResponse, err
 // Settle asks the facilitator to execute p for req, exactly once: it is
 // never retried, and net/http never sends it again either (sendTrace's
 // bodyWhileUnsent). A reply carrying a success verdict is an answer
-// whatever its status (success:true means the money moved), except
-// success:false with facilitator_unavailable and no transaction, which is
-// a *FacilitatorError: the facilitator sent nothing. Without a verdict: a
-// request of which no byte was written (its connection never made, refused
-// or its TLS handshake failed, or a kept-alive one that failed before
-// taking a byte: sendTrace.unsent) or a 4xx (other than 408 and 409) is a
-// *FacilitatorError, as nothing settled; everything else (timeout, dropped
-// connection, 3xx, 5xx, malformed or oversized reply, success:false that
-// may follow a send: settleUnknown) is an *UnknownOutcomeError.
+// whatever its status but a 3xx (success:true means the money moved),
+// except success:false with facilitator_unavailable and no transaction,
+// which is a *FacilitatorError: the facilitator sent nothing. Without a
+// verdict: a request of which no byte was written (its connection never
+// made, refused or its TLS handshake failed, or a kept-alive one that
+// failed before taking a byte: sendTrace.unsent) or a 4xx (other than 408
+// and 409) is a *FacilitatorError, as nothing settled; everything else
+// (timeout, dropped connection, 3xx whatever its body, 5xx, malformed or
+// oversized reply, success:false that may follow a send: settleUnknown) is
+// an *UnknownOutcomeError.
 func (f *HTTPFacilitator) Settle(ctx context.Context, p PaymentPayload, req PaymentRequirements) (SettleResponse, error) {
 	var out SettleResponse
 	if f.err != nil {
@@ -437,9 +438,9 @@ type reply struct {
 }
 
 // do sends one request and reads a capped reply. A non-nil error with a
-// non-zero status means the reply arrived but could not be read whole. A
-// request sent once (/settle) is never sent again by the transport once a
-// byte of it was written.
+// non-zero status means the reply arrived but could not be read whole, or
+// was a redirect (refuseRedirect). A request sent once (/settle) is never
+// sent again by the transport once a byte of it was written.
 func (f *HTTPFacilitator) do(ctx context.Context, method, path string, body []byte, once bool) (reply, error) {
 	var st sendTrace
 	ctx = httptrace.WithClientTrace(ctx, st.trace())
@@ -474,6 +475,9 @@ func (f *HTTPFacilitator) do(ctx context.Context, method, path string, body []by
 	defer resp.Body.Close()
 	r := reply{status: resp.StatusCode}
 	r.retryAfter = ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+	if r.status >= 300 && r.status <= 399 {
+		return r, fmt.Errorf("redirected (status %d): a redirect carries no verdict", r.status)
+	}
 	if r.body, err = io.ReadAll(io.LimitReader(resp.Body, f.cfg.MaxResponseBytes+1)); err != nil {
 		return r, fmt.Errorf("reading reply: %w", err)
 	}
@@ -501,8 +505,9 @@ func replyMembers(body []byte) (map[string]json.RawMessage, bool) {
 // host the reply names, and would turn a POST /settle that the facilitator
 // took (303 See Other: processed, the result elsewhere) into a GET whose
 // 404 or dial error reads as "nothing settled": the payment released after
-// it was charged. Unfollowed, a 3xx carries no verdict: /verify and
-// /supported fail, and /settle's outcome is unknown.
+// it was charged. Unfollowed, a 3xx carries no verdict, whatever its body
+// says (do makes it an error): /verify and /supported fail, and /settle's
+// outcome is unknown.
 func refuseRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // sendTrace follows one call's attempts to tell whether any byte of its

@@ -463,14 +463,16 @@ func TestFacilitatorURLCredentialsStayOutOfErrors(t *testing.T) {
 	}
 }
 
-// A redirect is never followed: the 3xx is the reply. To /settle it
-// carries no verdict, so the outcome is unknown (the facilitator may have
-// settled: 303 See Other says it processed the POST); to /verify and
-// /supported it is an error. The host a redirect names receives nothing,
-// not the configured credential headers either. (Before: net/http followed
-// it, the 303's GET drew a 404 or a dial error that Settle read as
-// "nothing settled", so the gate released a payment that was charged, and
-// X-Api-Key went to the other host, whose verdict was taken.)
+// A redirect is never followed: the 3xx is the reply. It carries no
+// verdict, whatever its body says: to /settle the outcome is unknown (the
+// facilitator may have settled: 303 See Other says it processed the POST);
+// to /verify and /supported it is an error. The host a redirect names
+// receives nothing, not the configured credential headers either.
+// (Before: net/http followed it, the 303's GET drew a 404 or a dial error
+// that Settle read as "nothing settled", so the gate released a payment
+// that was charged, and X-Api-Key went to the other host, whose verdict
+// was taken. Before too: a 3xx whose body said success:false or
+// isValid:false was read as a refusal, the payment released.)
 func TestHTTPFacilitatorRefusesRedirects(t *testing.T) {
 	p, req := samplePayment(t)
 	var elsewhere atomic.Int32
@@ -491,31 +493,40 @@ func TestHTTPFacilitatorRefusesRedirects(t *testing.T) {
 		location string
 		call     func(*HTTPFacilitator) error
 		unknown  bool // settle: *UnknownOutcomeError, else *FacilitatorError
+		body     string
 	}{
+		{"settle answered 303 with a refusal in its body: outcome unknown", http.StatusSeeOther, "/settle/result/1", func(f *HTTPFacilitator) error {
+			_, err := f.Settle(context.Background(), p, req)
+			return err
+		}, true, `{"success":false,"errorReason":"invalid_exact_evm_payload_signature","transaction":""}`},
+		{"verify answered 307 with isValid false in its body: an error", http.StatusTemporaryRedirect, otherURL + "/verify", func(f *HTTPFacilitator) error {
+			_, err := f.Verify(context.Background(), p, req)
+			return err
+		}, false, `{"isValid":false,"invalidReason":"invalid_payload"}`},
 		{"settle answered 303 See Other: outcome unknown", http.StatusSeeOther, "/settle/result/1", func(f *HTTPFacilitator) error {
 			_, err := f.Settle(context.Background(), p, req)
 			return err
-		}, true},
+		}, true, ""},
 		{"settle answered 307 to a dead host: outcome unknown, not a dial error", http.StatusTemporaryRedirect, deadURL + "/settle", func(f *HTTPFacilitator) error {
 			_, err := f.Settle(context.Background(), p, req)
 			return err
-		}, true},
+		}, true, ""},
 		{"settle answered 307 to another host: outcome unknown", http.StatusTemporaryRedirect, otherURL + "/settle", func(f *HTTPFacilitator) error {
 			_, err := f.Settle(context.Background(), p, req)
 			return err
-		}, true},
+		}, true, ""},
 		{"verify answered 307 to another host: an error", http.StatusTemporaryRedirect, otherURL + "/verify", func(f *HTTPFacilitator) error {
 			_, err := f.Verify(context.Background(), p, req)
 			return err
-		}, false},
+		}, false, ""},
 		{"supported answered 302 to another host: an error", http.StatusFound, otherURL + "/supported", func(f *HTTPFacilitator) error {
 			_, err := f.Supported(context.Background())
 			return err
-		}, false},
+		}, false, ""},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			elsewhere.Store(0)
-			srv, calls := scriptServer(t, scripted{status: tc.status, header: map[string]string{"Location": tc.location}})
+			srv, calls := scriptServer(t, scripted{status: tc.status, body: tc.body, header: map[string]string{"Location": tc.location}})
 			f := NewHTTPFacilitator(HTTPFacilitatorConfig{URL: srv.URL, Timeout: 2 * time.Second, Backoff: time.Millisecond,
 				Headers: map[string]string{"X-Api-Key": "sk-secret"}})
 			err := tc.call(f)
