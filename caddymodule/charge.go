@@ -88,7 +88,7 @@ func (g *Gate) serveCharged(w http.ResponseWriter, r *http.Request, next caddyht
 		ctx, cancel = context.WithTimeout(r.Context(), wait)
 	}
 	tr := getWroteTrace()
-	err := runUpstream(next, held, r.WithContext(httptrace.WithClientTrace(ctx, &tr.trace)), reached)
+	err := runCallUpstream(next, held, r.WithContext(httptrace.WithClientTrace(ctx, &tr.trace)), reached)
 	if err == errUpstreamAborted && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		// The answer's body ran past upstream_timeout: reverse_proxy
 		// aborts it as it would a broken one (502), but the call failed

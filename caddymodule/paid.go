@@ -952,7 +952,7 @@ func (g *Gate) runSettled(w http.ResponseWriter, r *http.Request, next caddyhttp
 		}
 	})
 	defer hd.timer.Stop()
-	err = runUpstream(next, hd, r.WithContext(ctx), hd.reached)
+	err = runCallUpstream(next, hd, r.WithContext(ctx), hd.reached)
 	hd.trailers()
 	switch {
 	case hd.state.Load() == headerLate:
@@ -1479,6 +1479,16 @@ func runUpstream(next caddyhttp.Handler, w http.ResponseWriter, r *http.Request,
 		}
 	}()
 	return next.ServeHTTP(w, r)
+}
+
+// runCallUpstream is runUpstream for the gate's run of the call itself
+// (serveCharged, runSettled), not of a report made from it, which may run
+// on another goroutine: the nonces wallet_auth claimed for the request are
+// kept from here (keepClaims), since the upstream may serve it, so no
+// refusal after this gives its wallet proofs back.
+func runCallUpstream(next caddyhttp.Handler, w http.ResponseWriter, r *http.Request, reached func() bool) error {
+	credentialsOf(r).keepClaims()
+	return runUpstream(next, w, r, reached)
 }
 
 var errUpstreamAborted = caddyhttp.Error(http.StatusBadGateway, errors.New("upstream response aborted"))

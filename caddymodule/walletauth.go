@@ -458,8 +458,9 @@ func (c *clientCredentials) verified(auth, siwx []string) bool {
 
 // keepClaims makes the nonce claims held so far final: a wallet_auth
 // calls it when it returns, once the request went past it and may have
-// been served (handle_errors runs after that). A proof whose request was
-// served must never be sendable again.
+// been served (handle_errors runs after that), and a gate as its upstream
+// starts (runCallUpstream). A proof whose request was served must never be
+// sendable again.
 func (c *clientCredentials) keepClaims() {
 	if c != nil {
 		c.held = nil
@@ -495,6 +496,24 @@ func (c *clientCredentials) releaseClaims(r *http.Request, logger *zap.Logger) {
 			c.authSpent = false
 		}
 	}
+}
+
+// refusedForNow gives the request's wallet proofs back (releaseClaims)
+// when e, the answer it is refused with, tells its client to retry (a 503,
+// a 429): wallet_auth's own refusals and those of a gate behind it, before
+// its upstream ran (runCallUpstream keeps the claims from then on), so that the
+// client's retry of the same request is not refused as a replay.
+func refusedForNow(r *http.Request, e *apierr.Error, logger *zap.Logger) {
+	if e.Retryable {
+		credentialsOf(r).releaseClaims(r, logger)
+	}
+}
+
+// credentialsOf returns the client's credentials set aside for the request
+// (setAsideClientCredentials), nil when it sent none.
+func credentialsOf(r *http.Request) *clientCredentials {
+	c, _ := caddyhttp.GetVar(r.Context(), varClientCredentials).(*clientCredentials)
+	return c
 }
 
 // varClientCredentials holds the *clientCredentials set aside for the
@@ -647,10 +666,7 @@ func (wa *WalletAuth) refuse(w http.ResponseWriter, r *http.Request, err error) 
 	if e.Status >= 500 {
 		wa.logger.Error("wallet proof could not be checked", zap.Error(err))
 	}
-	if e.Retryable {
-		c, _ := caddyhttp.GetVar(r.Context(), varClientCredentials).(*clientCredentials)
-		c.releaseClaims(r, wa.logger)
-	}
+	refusedForNow(r, e, wa.logger)
 	if e.Status == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", walletauth.HeaderName)
 	}
