@@ -590,8 +590,9 @@ func (c *clientCredentials) hasPayment() bool { return c != nil && c.payment != 
 // (clearClientHeaders). Only wallet_auth sets it.
 const varWalletProven = "aov.wallet_auth.proven"
 
-// varSettled holds a *settledSlot while wallet_auth waits to hear of the
-// request's payment (recordPayments).
+// varSettled holds the []*settledSlot of the wallet_auth on the request
+// that wait to hear of its payment (recordPayments): one each, since
+// each records paid access in its own store.
 const varSettled = "aov.x402.settled"
 
 // settledSlot is where the gate that settled the request's payment puts
@@ -603,7 +604,7 @@ type settledSlot struct {
 	ok bool
 }
 
-// noteSettled tells a waiting wallet_auth (if any) that the request's
+// noteSettled tells every waiting wallet_auth (if any) that the request's
 // payment, which g settled, settled as sr and its answer is being
 // delivered. Only news of a settlement is told, once: a replay of one
 // already told (a saved or held answer served again) is not, since
@@ -625,7 +626,8 @@ func (g *Gate) noteSettled(r *http.Request, sr x402.SettleResponse) {
 	if g.MCPTool != "" {
 		return
 	}
-	if s, ok := caddyhttp.GetVar(r.Context(), varSettled).(*settledSlot); ok {
+	slots, _ := caddyhttp.GetVar(r.Context(), varSettled).([]*settledSlot)
+	for _, s := range slots {
 		s.sr, s.ok = sr, true
 	}
 }
@@ -636,7 +638,8 @@ func (g *Gate) noteSettled(r *http.Request, sr x402.SettleResponse) {
 func (wa *WalletAuth) recordPayments(w http.ResponseWriter, r *http.Request, resource string) http.ResponseWriter {
 	ctx := context.WithoutCancel(r.Context())
 	slot := &settledSlot{}
-	caddyhttp.SetVar(r.Context(), varSettled, slot)
+	waiting, _ := caddyhttp.GetVar(r.Context(), varSettled).([]*settledSlot)
+	caddyhttp.SetVar(r.Context(), varSettled, append(waiting, slot))
 	return &statusWriter{ResponseWriter: w, onHeader: func(_ http.Header, status int) {
 		sr := slot.sr
 		if status >= 400 || !slot.ok || !sr.Success || sr.Payer == "" {
