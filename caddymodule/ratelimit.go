@@ -484,8 +484,27 @@ func (z *rateZone) enter(client string, kind slotKind, paying bool) (rateSlot, i
 	if wait > 0 {
 		return rateSlot{}, wait
 	}
+	return z.hold(b, kind), 0
+}
+
+// reenter is enter for more work of a request that passed the budget's
+// check already, when its first part entered (a proof an earlier
+// wallet_auth verified, checked again): the slots alone bound it, so it
+// waits 1 s with all of kind held, and never for the budget.
+func (z *rateZone) reenter(client string, kind slotKind) (rateSlot, int) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	b, _ := z.bucket(client, now(), true)
+	if b.busy[kind] >= z.burst {
+		return rateSlot{}, 1
+	}
+	return z.hold(b, kind), 0
+}
+
+// hold takes one of b's slots of kind. z.mu must be held.
+func (z *rateZone) hold(b *rateBucket, kind slotKind) rateSlot {
 	b.busy[kind]++
-	return rateSlot{z: z, b: b, kind: kind}, 0
+	return rateSlot{z: z, b: b, kind: kind}
 }
 
 // leave gives the slot back, once: a second call does nothing, so a path
@@ -699,9 +718,17 @@ func (ss rateSlots) leave() {
 // run at once, in every zone, whatever its paid calls in flight. A request
 // a gate runs its upstream for holds that gate's slot already
 // (Gate.enterRate), and the proof's check is part of that work: it takes
-// none, and is held to the budgets' check only.
-func enterServerRate(r *http.Request, paying bool) (rateSlots, int) {
+// none, and is held to the budgets' check only. A check again (recheck:
+// of proofs an earlier wallet_auth on the request verified, the budgets'
+// check passed there) takes a slot as the first did (rateZone.reenter),
+// since the first gave its own back before passing the request on: so
+// at most events of a client's proof checks run at once, however many
+// wallet_auth check each proof.
+func enterServerRate(r *http.Request, paying, recheck bool) (rateSlots, int) {
 	if caddyhttp.GetVar(r.Context(), varRateSlot) != nil {
+		if recheck {
+			return nil, 0
+		}
 		return nil, serverRateWait(r, paying)
 	}
 	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
@@ -714,7 +741,13 @@ func enterServerRate(r *http.Request, paying bool) (rateSlots, int) {
 	client := clientAddr(r)
 	ss := make(rateSlots, 0, len(zs))
 	for z := range zs {
-		s, wait := z.enter(client, slotProof, paying)
+		var s rateSlot
+		var wait int
+		if recheck {
+			s, wait = z.reenter(client, slotProof)
+		} else {
+			s, wait = z.enter(client, slotProof, paying)
+		}
 		if wait > 0 {
 			ss.leave()
 			return nil, wait

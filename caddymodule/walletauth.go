@@ -273,10 +273,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		}
 		return next.ServeHTTP(w, r)
 	}
-	// A request whose every proof an earlier wallet_auth verified passed
-	// these budgets there, its nonces claimed since: a 429 here would come
-	// after that, and the checks are that request's own.
-	if (len(auth)+len(siwx) > 0 || wa.Mode == "required") && !creds.verified(auth, siwx) {
+	if len(auth)+len(siwx) > 0 || wa.Mode == "required" {
 		// A client the gates of this server would answer 429 gets it before
 		// any proof is checked (serverZones); a refused proof is counted
 		// once checked, even past an empty budget (refuse). Its check
@@ -287,7 +284,11 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		// Only a PAYMENT-SIGNATURE counts as a payment here: one in an MCP
 		// call's _meta is read by the gate alone (one parser of the
 		// message), so such a call is held to the rule without one.
-		slots, wait := enterServerRate(r, creds.hasPayment())
+		// A request whose every proof an earlier wallet_auth verified
+		// passed the budgets there: checked again, its proofs hold a slot
+		// only, and are answered 429 only while its client's are all held,
+		// the nonces claimed given back (refuse).
+		slots, wait := enterServerRate(r, creds.hasPayment(), creds.verified(auth, siwx))
 		if wait > 0 {
 			return wa.refuse(w, r, apierr.RateLimited(wait))
 		}
