@@ -35,7 +35,7 @@ import (
 // AttemptMargin would be read as its own. So the Clock is read from a
 // confirmed bank no older than the one a node names as its confirmed
 // tip just before (getSlot), nor than the newest confirmed bank any reply
-// has shown (RPC.seen, a floor that lapses when no bank read reaches it:
+// has shown (RPC.seen, a floor that lapses after a minute of older answers:
 // slotFloor); an older bank's answer is an error, and the outcome stays
 // undecided. A lag remains possible only when every node asked, these two
 // included, lags alike.

@@ -1,6 +1,7 @@
 package svmfacilitator
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -133,34 +134,179 @@ func TestOneFutureSlotAnswerLapsesForExpiry(t *testing.T) {
 	}
 }
 
-// A floor a later bank read reached is kept for good: when the slot named
-// after it lapses (no bank read reaches it for floorHold while a lagging
-// node answers from older banks), the floor falls back to the reached
-// slot, never below, so the lagging node is still refused. A slot not yet
-// reached is the floor at once, and lapses only after floorHold of older
-// answers, never while the endpoint is merely quiet.
-func TestSlotFloorLapsesToTheSlotABankReadReached(t *testing.T) {
-	var f slotFloor
+// A floor lapses only once the endpoint has answered from older banks
+// alone for floorHold, counted from the first of those answers: never
+// while it is merely quiet, and not while any answer at or past the floor
+// shows it real again. It lapses to the newest older bank, and a floor
+// that lapsed can lapse again.
+// (Before: the hold was counted from when the floor was raised, so after a
+// quiet minute the first answer of a lagging node lapsed it at once; and
+// a second future-slot read "reached" the first and pinned it for good.)
+func TestSlotFloorLapsesAfterFloorHoldOfOlderAnswers(t *testing.T) {
 	t0 := time.Now()
-	f.saw(100, true, t0)
-	f.saw(102, true, t0) // reaches 100, names 102
-	f.saw(90, false, t0) // a lagging node's tip
-	if floor, lapsed := f.at(t0.Add(floorHold)); floor != 102 || lapsed != 0 {
-		t.Errorf("within floorHold: floor %d, lapsed %d; want 102, none", floor, lapsed)
+	var f slotFloor
+	f.saw(100, t0)
+	quiet := t0.Add(10 * floorHold)
+	f.saw(90, quiet) // the first answer after a quiet while: a lagging node's
+	if floor, lapsed := f.at(quiet.Add(floorHold)); floor != 100 || lapsed != 0 {
+		t.Errorf("floorHold after the first older answer: floor %d, lapsed %d; want 100, none", floor, lapsed)
 	}
-	if floor, lapsed := f.at(t0.Add(floorHold + time.Second)); floor != 100 || lapsed != 102 {
-		t.Errorf("after floorHold of older answers: floor %d, lapsed %d; want 100 (reached), 102", floor, lapsed)
+	f.saw(95, quiet.Add(30*time.Second))
+	if floor, lapsed := f.at(quiet.Add(floorHold + time.Second)); floor != 95 || lapsed != 100 {
+		t.Errorf("past floorHold of older answers: floor %d, lapsed %d; want 95 (the newest of them), 100", floor, lapsed)
 	}
-	var quiet slotFloor
-	quiet.saw(100, true, t0)
-	if floor, _ := quiet.at(t0.Add(10 * floorHold)); floor != 100 {
-		t.Errorf("a floor no older answer contradicts: %d after a quiet while; want 100", floor)
+
+	var shown slotFloor
+	shown.saw(100, t0)
+	shown.saw(90, t0)
+	shown.saw(100, t0.Add(30*time.Second)) // a node at the floor answers again
+	shown.saw(91, t0.Add(40*time.Second))
+	if floor, _ := shown.at(t0.Add(floorHold + time.Second)); floor != 100 {
+		t.Errorf("older answers since an answer at the floor, for less than floorHold: floor %d; want 100", floor)
 	}
-	var reached slotFloor
-	reached.saw(100, false, t0)
-	reached.saw(100, true, t0)
-	reached.saw(90, true, t0)
-	if floor, _ := reached.at(t0.Add(10 * floorHold)); floor != 100 {
-		t.Errorf("a floor a bank read reached: %d; want 100 for good", floor)
+
+	var future slotFloor
+	future.saw(1<<40, t0)
+	future.saw(1<<40+1, t0) // a second future answer
+	future.saw(5, t0.Add(time.Second))
+	if floor, _ := future.at(t0.Add(floorHold + 2*time.Second)); floor != 5 {
+		t.Errorf("two future answers, then a minute of honest ones: floor %d; want 5", floor)
+	}
+	future.saw(6, t0.Add(floorHold+3*time.Second))
+	if floor, _ := future.at(t0.Add(floorHold + 3*time.Second)); floor != 6 {
+		t.Errorf("after the lapse the floor rises with the chain: %d; want 6", floor)
+	}
+}
+
+// A pool member stuck behind the tip (a FAKE FOR A FAULT: a node
+// answering getSlot and the Clock sysvar from a bank taken just after the
+// original payment landed; the dev chain cannot lag) is refused after the
+// endpoint was quiet for more than floorHold, as while the floor a
+// Verify's simulation raised is fresh
+// (TestChainReadsTakeNoClockOfANodeBehindTheTip): the peer read of a
+// replay begun two minutes after the original landed never takes the
+// replay for its own. (Before: after a quiet minute the stuck node's own
+// getSlot lapsed the floor, its clock was taken, and the replay was read
+// settled: one charge, two paid answers.)
+func TestStuckNodeAfterAQuietMinuteServesNoReplay(t *testing.T) {
+	e := newEnv(t, Config{})
+	ctx := context.Background()
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	s, err := e.f.Settle(ctx, pp, e.req)
+	if err != nil || !s.Success {
+		t.Fatalf("settle: %+v %v", s, err)
+	}
+	e.chain.AdvanceClock(time.Second)
+	var stale json.RawMessage
+	e.chain.Call("getAccountInfo", &stale, ClockSysvar, map[string]any{"encoding": "base64", "commitment": "confirmed"})
+	var staleAt struct{ Context rpcContext }
+	if err := json.Unmarshal(stale, &staleAt); err != nil {
+		t.Fatal(err)
+	}
+	stuck := &RPC{URL: proxy(t, e.chain.URL, func(w http.ResponseWriter, id json.RawMessage, method string, params []json.RawMessage) bool {
+		var result []byte
+		switch {
+		case method == "getAccountInfo" && len(params) > 0 && bytes.Contains(params[0], []byte(ClockSysvar)):
+			result = stale
+		case method == "getSlot":
+			result = strconv.AppendUint(nil, staleAt.Context.Slot, 10)
+		default:
+			return false
+		}
+		w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"result":` + string(result) + `}`))
+		return true
+	}, nil)}
+	cfg := e.f.cfg
+	cfg.RPC, cfg.Sent = stuck, nil
+	m, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	e.settleNoise(t, 2) // the chain moves on
+	// The pool shows the tip (a Verify's simulation, forwarded).
+	if v, err := m.Verify(ctx, Payload(e.payment(t).withMemo("another"), e.req), e.req); err != nil || !v.IsValid {
+		t.Fatalf("verify of another payment: %+v %v", v, err)
+	}
+	if fl := stuck.seen[confirmed].slot; fl <= staleAt.Context.Slot {
+		t.Fatalf("the floor %d is not past the stuck node's slot %d", fl, staleAt.Context.Slot)
+	}
+	// Two quiet minutes pass on both clocks; then a replay is begun.
+	e.chain.AdvanceClock(2 * floorHold)
+	now = func() time.Time { return time.Now().Add(2 * floorHold) }
+	defer func() { now = time.Now }()
+	replay := now()
+	if st, err := e.reader(t).SentSettlementStatus(ctx, pp, e.req, x402.SentSettlement{Transaction: s.Transaction, After: replay}); err != nil || st.Reason != ReasonDuplicateSettlement {
+		t.Fatalf("through the chain itself: %+v %v; want settled by another settlement", st, err)
+	}
+	st, err := m.PeerSettlementStatus(ctx, pp, e.req, replay)
+	if st.State == x402.SettlementDone {
+		t.Errorf("peer read of a replay begun 2 min after the original landed, through a stuck node after a quiet minute: %+v %v; want undecided or duplicate_settlement, never settled", st, err)
+	}
+}
+
+// A member of another cluster (or a lying provider) that answers two bank
+// reads in a row from its own, far newer bank (the Clock sysvar, twice: a
+// FAKE FOR A FAULT, the dev chain has one cluster) leaves undecided the
+// reads of the minute after, not every read: once the endpoint has
+// answered from older banks alone for floorHold the floor lapses, and the
+// landed payment is read settled. (Before: the second answer "reached"
+// the first, the floor lapsed to it and never again: the buyer charged and
+// never served until a restart.)
+func TestTwoFutureBankReadsLeaveTheFloorToLapse(t *testing.T) {
+	e := newEnv(t, Config{})
+	ctx := context.Background()
+	pp := Payload(e.payment(t).Transaction(), e.req)
+	began := time.Now()
+	s, err := e.f.Settle(ctx, pp, e.req)
+	if err != nil || !s.Success {
+		t.Fatalf("settle: %+v %v", s, err)
+	}
+	var lies atomic.Int64
+	pool := proxy(t, e.chain.URL, nil, func(method string, reply []byte) []byte {
+		if method != "getAccountInfo" || !bytes.Contains(reply, []byte(`"context"`)) {
+			return reply
+		}
+		n := lies.Add(1)
+		if n > 2 {
+			return reply
+		}
+		var m map[string]any
+		if json.Unmarshal(reply, &m) != nil {
+			return reply
+		}
+		res, _ := m["result"].(map[string]any)
+		c, _ := res["context"].(map[string]any)
+		if c == nil {
+			return reply
+		}
+		c["slot"] = uint64(1<<40) + uint64(n)
+		out, _ := json.Marshal(m)
+		return out
+	})
+	rpc := &RPC{URL: pool}
+	r, err := NewStatusReader(rpc, x402.NetworkSolanaDevnet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func() (x402.SettlementStatus, error) {
+		return r.SentSettlementStatus(ctx, pp, e.req, x402.SentSettlement{Transaction: s.Transaction, After: began})
+	}
+	read()
+	read()
+	if lies.Load() < 2 {
+		t.Fatalf("the bad member answered %d Clock reads; want two", lies.Load())
+	}
+	e.settleNoise(t, 3)
+	for _, after := range []time.Duration{2 * floorHold, 5 * floorHold, 10 * floorHold} {
+		e.chain.AdvanceClock(floorHold)
+		now = func() time.Time { return time.Now().Add(after) }
+		read() // honest answers, older than the floor
+	}
+	defer func() { now = time.Now }()
+	now = func() time.Time { return time.Now().Add(20 * floorHold) }
+	e.chain.AdvanceClock(10 * floorHold)
+	if st, err := read(); err != nil || st.State != x402.SettlementDone || st.Transaction != s.Transaction {
+		t.Errorf("20 min of honest answers after two future-slot bank reads: %+v %v (floor %d); want settled naming %s", st, err, rpc.seen[confirmed].slot, s.Transaction)
 	}
 }

@@ -39,11 +39,12 @@ const (
 
 var commitments = [2]string{processed: "processed", confirmed: "confirmed"}
 
-// floorHold is how long a slot an endpoint named may stay a floor
-// (slotFloor) while no bank read reaches it and the endpoint answers from
-// older banks. A healthy node's banks pass a slot it named within a second
-// or two, so a minute is far past any honest lag, and short beside the
-// claims a held payment keeps.
+// floorHold is how long an endpoint must answer from banks older than its
+// floor, and from none at or past it, before the floor lapses (slotFloor).
+// In a healthy pool a node at the tip answers again within seconds, and a
+// node that named a slot passes it within a second or two, so a minute is
+// far past any honest lag, and short beside the claims a held payment
+// keeps.
 const floorHold = time.Minute
 
 // slotFloor is the newest bank of one commitment level an endpoint has
@@ -51,41 +52,39 @@ const floorHold = time.Minute
 // chain's clock (attributed) ask a bank no older, so one node of a pool
 // behind another that answered cannot make them. A slot is taken as the
 // floor as soon as a reply names it, so that the very next answer of a
-// lagging node is refused. But one reply may name a slot the chain never
+// lagging node is refused. But a reply may name a slot the chain never
 // reaches (a member of another cluster, a lying provider): held for good,
 // it would leave every later judgement through the endpoint undecided, a
-// charged buyer never served, until the process restarts. So a floor no
-// later bank read (a reply of a bank's data, not getSlot's bare number)
-// reaches within floorHold, while replies since come from older banks,
-// lapses to the newest of those, logged.
+// charged buyer never served, until the process restarts. So once the
+// endpoint has answered only from older banks for floorHold (counted from
+// the first of them, so a quiet endpoint keeps its floor), the floor
+// lapses to the newest of those, logged. Any answer at or past the floor
+// shows it real again and restarts the count; a liar that keeps naming
+// its slot keeps the floor, and the reads through it undecided, while it
+// does.
 type slotFloor struct {
 	mu   sync.Mutex
 	slot uint64
-	// raised is when slot was named, while no later bank read has
-	// reached it; zero once one has.
-	raised time.Time
-	// older tells that a reply since raised came from a bank older than
-	// slot; below is where slot lapses to: the newest such bank, or the
-	// floor slot was raised from when a bank read had reached that.
-	older bool
+	// olderSince is when the answers from older banks began: the first
+	// since the last answer at or past slot; zero while there is none.
+	olderSince time.Time
+	// below is the newest bank of those answers: where slot lapses to.
 	below uint64
 }
 
-// saw records a reply from a bank at slot at time t; read tells that it
-// was a bank read, not a slot named (getSlot).
-func (f *slotFloor) saw(slot uint64, read bool, t time.Time) {
+// saw records an answer from a bank at slot at time t (a bank's data, a
+// slot a node named, or an answer refused as older than asked:
+// behindError).
+func (f *slotFloor) saw(slot uint64, t time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch {
-	case slot > f.slot:
-		if read || f.raised.IsZero() {
-			f.below = f.slot
-		}
-		f.slot, f.raised, f.older = slot, t, false
-	case slot == f.slot && read:
-		f.raised = time.Time{}
-	case slot < f.slot:
-		f.below, f.older = max(f.below, slot), true
+	case slot >= f.slot:
+		f.slot, f.olderSince, f.below = slot, time.Time{}, 0
+	case f.olderSince.IsZero():
+		f.olderSince, f.below = t, slot
+	default:
+		f.below = max(f.below, slot)
 	}
 }
 
@@ -93,8 +92,8 @@ func (f *slotFloor) saw(slot uint64, read bool, t time.Time) {
 func (f *slotFloor) at(t time.Time) (floor, lapsed uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if !f.raised.IsZero() && f.older && t.Sub(f.raised) > floorHold {
-		lapsed, f.slot, f.raised, f.older = f.slot, f.below, time.Time{}, false
+	if !f.olderSince.IsZero() && t.Sub(f.olderSince) > floorHold {
+		lapsed, f.slot, f.olderSince, f.below = f.slot, f.below, time.Time{}, 0
 	}
 	return f.slot, lapsed
 }
@@ -105,14 +104,22 @@ func (f *slotFloor) at(t time.Time) (floor, lapsed uint64) {
 func (c *RPC) seenAt(level int) uint64 {
 	floor, lapsed := c.seen[level].at(now())
 	if lapsed != 0 {
-		log.Printf("svm facilitator: the rpc endpoint named %s slot %d, and for %s no bank it read reached it while it answered from older ones: taking slot %d as its newest", commitments[level], lapsed, floorHold, floor)
+		log.Printf("svm facilitator: the rpc endpoint showed %s slot %d, then for %s answered only from older banks: taking slot %d as its newest", commitments[level], lapsed, floorHold, floor)
 	}
 	return floor
 }
 
-// saw records a reply from a bank of commitment level at slot; read tells
-// that it was a bank read (see slotFloor).
-func (c *RPC) saw(level int, slot uint64, read bool) { c.seen[level].saw(slot, read, now()) }
+// saw records an answer from a bank of commitment level at slot
+// (slotFloor).
+func (c *RPC) saw(level int, slot uint64) { c.seen[level].saw(slot, now()) }
+
+// atLeastSeen is atLeast for an answer of a bank of commitment level,
+// recorded (saw) whether or not it is new enough: an answer refused as
+// older than asked is one of the older answers a floor lapses on.
+func (c *RPC) atLeastSeen(level int, method string, slot, minSlot uint64) error {
+	c.saw(level, slot)
+	return atLeast(method, slot, minSlot)
+}
 
 // rpcClient is the default client: http.DefaultClient's transport keeps two
 // idle connections per host, and a facilitator talks to one node with as
@@ -357,7 +364,7 @@ func (c *RPC) Simulate(ctx context.Context, raw []byte) (SimulateResult, error) 
 	err := c.call(ctx, "simulateTransaction", []any{base64.StdEncoding.EncodeToString(raw), cfg}, &out)
 	out.Value.Slot = out.Context.Slot
 	if err == nil {
-		c.saw(confirmed, out.Context.Slot, true)
+		c.saw(confirmed, out.Context.Slot)
 	}
 	return out.Value, err
 }
@@ -435,11 +442,10 @@ func (c *RPC) Status(ctx context.Context, sig string, minSlot uint64) (*Signatur
 	if len(out.Value) != 1 {
 		return nil, 0, errors.New("solana rpc getSignatureStatuses: not one status for one signature")
 	}
-	if err := atLeast("getSignatureStatuses", out.Context.Slot, minSlot); err != nil {
+	// Agave answers getSignatureStatuses from the processed bank.
+	if err := c.atLeastSeen(processed, "getSignatureStatuses", out.Context.Slot, minSlot); err != nil {
 		return nil, 0, err
 	}
-	// Agave answers getSignatureStatuses from the processed bank.
-	c.saw(processed, out.Context.Slot, true)
 	return out.Value[0], out.Context.Slot, nil
 }
 
@@ -463,10 +469,9 @@ func (c *RPC) BlockhashValidAt(ctx context.Context, blockhash string, level int,
 	if err := c.call(ctx, "isBlockhashValid", []any{blockhash, cfg}, &out); err != nil {
 		return false, 0, err
 	}
-	if err := atLeast("isBlockhashValid", out.Context.Slot, minSlot); err != nil {
+	if err := c.atLeastSeen(level, "isBlockhashValid", out.Context.Slot, minSlot); err != nil {
 		return false, 0, err
 	}
-	c.saw(level, out.Context.Slot, true)
 	return out.Value, out.Context.Slot, nil
 }
 
@@ -480,7 +485,7 @@ func (c *RPC) Slot(ctx context.Context, level int) (uint64, error) {
 	if err := c.call(ctx, "getSlot", []any{map[string]any{"commitment": commitments[level]}}, &slot); err != nil {
 		return 0, err
 	}
-	c.saw(level, slot, false)
+	c.saw(level, slot)
 	return slot, nil
 }
 
@@ -505,7 +510,7 @@ func (c *RPC) ChainTime(ctx context.Context, minSlot uint64) (unix int64, slot u
 	if err := c.call(ctx, "getAccountInfo", []any{ClockSysvar, cfg}, &out); err != nil {
 		return 0, 0, err
 	}
-	if err := atLeast("getAccountInfo", out.Context.Slot, minSlot); err != nil {
+	if err := c.atLeastSeen(confirmed, "getAccountInfo", out.Context.Slot, minSlot); err != nil {
 		return 0, 0, err
 	}
 	if out.Value == nil || len(out.Value.Data) != 2 || out.Value.Data[1] != "base64" {
@@ -515,7 +520,6 @@ func (c *RPC) ChainTime(ctx context.Context, minSlot uint64) (unix int64, slot u
 	if err != nil || len(raw) != 40 {
 		return 0, 0, errors.New("solana rpc getAccountInfo: the Clock sysvar is not 40 bytes of base64")
 	}
-	c.saw(confirmed, out.Context.Slot, true)
 	// slot, epoch_start_timestamp, epoch, leader_schedule_epoch, then
 	// unix_timestamp, each 8 bytes little-endian.
 	return int64(binary.LittleEndian.Uint64(raw[32:])), out.Context.Slot, nil
