@@ -95,7 +95,7 @@ type HTTPFacilitatorConfig struct {
 	// (countWrites), so that a settle's attempts are told written or not
 	// (sendTrace); over any other transport, or a connection its
 	// DialTLSContext or Dial made, a settle that got a connection is taken
-	// as sent.
+	// as sent. The copy speaks the protocols the transport would.
 	Client *http.Client
 	// MaxResponseBytes caps a reply body. Default DefaultMaxResponseBytes.
 	MaxResponseBytes int64
@@ -656,8 +656,21 @@ func countedConn(c net.Conn) *countingConn {
 // countingConns. A DialTLSContext's connections are left as they are:
 // net/http reads the TLS state (and HTTP/2) only from a *tls.Conn. A
 // transport that dials through its deprecated Dial keeps it, uncounted.
+//
+// The copy speaks the protocols tr would. Clone sets HTTP/2 up on tr (as
+// its first use would), which offers h2 in tr's TLSClientConfig, and
+// gives the copy that TLSClientConfig but not the HTTP/2 handler
+// net/http added (TLSNextProto). Were the copy left to set HTTP/2 up
+// itself, its own dialer would keep it from doing so (net/http enables
+// HTTP/2 by default only on a transport with no dialer and no TLS
+// config), and it would write HTTP/1.1 on a connection the server took
+// as h2: so it is told to.
 func countWrites(tr *http.Transport) *http.Transport {
+	orig := tr
 	tr = tr.Clone()
+	if _, h2 := orig.TLSNextProto["h2"]; h2 && tr.TLSNextProto == nil {
+		tr.ForceAttemptHTTP2 = true
+	}
 	if tr.DialContext == nil && tr.Dial != nil {
 		return tr
 	}
