@@ -11,11 +11,13 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 )
 
 // Defaults of HTTPFacilitatorConfig.
@@ -95,7 +97,12 @@ type HTTPFacilitatorConfig struct {
 	// (countWrites), so that a settle's attempts are told written or not
 	// (sendTrace); over any other transport, or a connection its
 	// DialTLSContext or Dial made, a settle that got a connection is taken
-	// as sent. The copy speaks the protocols the transport would.
+	// as sent. The copy speaks the protocols the transport would, and all
+	// facilitators built on one transport share one copy (countingCopy),
+	// so one pool of connections: the Client's CloseIdleConnections does
+	// not reach it, HTTPFacilitator.CloseIdleConnections does, and the
+	// transport's MaxConnsPerHost bounds the facilitators' connections
+	// together, apart from the transport's own.
 	Client *http.Client
 	// MaxResponseBytes caps a reply body. Default DefaultMaxResponseBytes.
 	MaxResponseBytes int64
@@ -118,6 +125,11 @@ type HTTPFacilitator struct {
 	err  error
 }
 
+// CloseIdleConnections closes the idle connections of f's transport: its
+// own, or the copy of the Client's transport that every facilitator built
+// on that transport shares (HTTPFacilitatorConfig.Client).
+func (f *HTTPFacilitator) CloseIdleConnections() { f.cfg.Client.CloseIdleConnections() }
+
 // Timeout is how long one call may take at most, retries included
 // (HTTPFacilitatorConfig.Timeout, its default filled in). A caller that
 // bounds a call by less cuts short the time its operator gave the
@@ -134,18 +146,20 @@ func NewHTTPFacilitator(cfg HTTPFacilitatorConfig) *HTTPFacilitator {
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = DefaultDialTimeout
 	}
+	var c http.Client
 	if cfg.Client == nil {
-		cfg.Client = &http.Client{Transport: deadlineTransport(cfg.DialTimeout, cfg.Timeout)}
+		c.Transport = countWrites(deadlineTransport(cfg.DialTimeout, cfg.Timeout))
+	} else {
+		c = *cfg.Client
+		rt := c.Transport
+		if rt == nil {
+			rt = http.DefaultTransport
+		}
+		if tr, ok := rt.(*http.Transport); ok {
+			c.Transport = countingCopy(tr)
+		}
 	}
-	c := *cfg.Client
 	c.CheckRedirect = refuseRedirect
-	rt := c.Transport
-	if rt == nil {
-		rt = http.DefaultTransport
-	}
-	if tr, ok := rt.(*http.Transport); ok {
-		c.Transport = countWrites(tr)
-	}
 	cfg.Client = &c
 	if cfg.MaxResponseBytes <= 0 {
 		cfg.MaxResponseBytes = DefaultMaxResponseBytes
@@ -650,6 +664,30 @@ func countedConn(c net.Conn) *countingConn {
 		}
 	}
 	return nil
+}
+
+// countingCopies maps a caller's transport, weakly, to its countWrites
+// copy (countingCopy).
+var countingCopies sync.Map // weak.Pointer[http.Transport] -> *http.Transport
+
+// countingCopy is the countWrites copy of a caller's transport, one per
+// transport, so that facilitators built on one Client share one pool of
+// connections, as they would the transport's own, instead of each
+// keeping connections of its own open. The map holds the transport
+// weakly and forgets it once it is collected, so a caller that makes
+// transports and drops them does not pile them up (a copy whose
+// TLSNextProto refers to its original, as x/net/http2's
+// ConfigureTransport sets it, keeps its entry for good).
+func countingCopy(tr *http.Transport) *http.Transport {
+	key := weak.Make(tr)
+	if c, ok := countingCopies.Load(key); ok {
+		return c.(*http.Transport)
+	}
+	c, loaded := countingCopies.LoadOrStore(key, countWrites(tr))
+	if !loaded {
+		runtime.AddCleanup(tr, func(key weak.Pointer[http.Transport]) { countingCopies.Delete(key) }, key)
+	}
+	return c.(*http.Transport)
 }
 
 // countWrites returns a copy of tr whose dialer's connections are

@@ -12,10 +12,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+	"weak"
 )
 
 // callersTransports are transports an operator may give the facilitator
@@ -132,5 +135,70 @@ func TestHTTPFacilitatorOnCallersTransportProcess(t *testing.T) {
 		if _, err := f.Settle(context.Background(), p, req); err != nil {
 			t.Errorf("%s: Settle: %T %v", c.name, err, err)
 		}
+	}
+}
+
+// Facilitators built on one Client share one pool of connections, as they
+// would the Client's transport's own: five of them, calling one after
+// another, open one connection, which any of them closes once idle
+// (CloseIdleConnections). (Before: each facilitator made a copy of the
+// transport of its own, and so a connection of its own, which nothing the
+// caller could reach closed: with a transport that has no
+// IdleConnTimeout, as the zero one, connections and their goroutines
+// piled up with every facilitator built.)
+func TestHTTPFacilitatorsShareTheirTransportsPool(t *testing.T) {
+	var opened, open atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"isValid":true,"payer":"0x857b06519E91e3A54538791bDbb0E22373e36b66"}`)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		switch s {
+		case http.StateNew:
+			opened.Add(1)
+			open.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			open.Add(-1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	client := &http.Client{Transport: &http.Transport{}} // no IdleConnTimeout
+	p, req := samplePayment(t)
+	var fs []*HTTPFacilitator
+	for range 5 {
+		f := NewHTTPFacilitator(HTTPFacilitatorConfig{URL: srv.URL, Client: client, Timeout: 5 * time.Second})
+		if _, err := f.Verify(context.Background(), p, req); err != nil {
+			t.Fatal(err)
+		}
+		fs = append(fs, f)
+	}
+	if n := opened.Load(); n != 1 {
+		t.Fatalf("%d facilitators on one Client, calling one after another, opened %d connections; want 1", len(fs), n)
+	}
+	fs[len(fs)-1].CloseIdleConnections()
+	for open.Load() != 0 { // the server sees the close; the test's own deadline bounds the wait
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A caller's transport is held weakly by the facilitator client: once the
+// caller no longer holds it, its entry (and the copy, when no facilitator
+// holds it) is forgotten, so a caller making transports does not pile
+// them up.
+func TestHTTPFacilitatorForgetsDroppedTransports(t *testing.T) {
+	tr := &http.Transport{}
+	key := weak.Make(tr)
+	NewHTTPFacilitator(HTTPFacilitatorConfig{URL: "http://127.0.0.1:1", Client: &http.Client{Transport: tr}})
+	if _, ok := countingCopies.Load(key); !ok {
+		t.Fatal("no copy of the transport kept")
+	}
+	for { // tr is no longer used; cleanups run after a collection, on a goroutine of their own; the test's deadline bounds the wait
+		runtime.GC()
+		if _, ok := countingCopies.Load(key); !ok {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
