@@ -336,14 +336,21 @@ func (m *HTTPFacilitator) provisionStatus(repl *caddy.Replacer, log *zap.Logger)
 	return nil
 }
 
-// Cleanup closes the rpc connections once the config's requests in flight
-// are done (a gate may be reading a settlement's outcome through them).
+// Cleanup closes the rpc connections, and the idle connections to the
+// facilitator, once the config's requests in flight are done (a gate may
+// be reading a settlement's outcome through them, or settling). The
+// facilitator's would otherwise stay open past a reload, a pool of
+// connections per config loaded, until their transport's idle timeout.
 func (m *HTTPFacilitator) Cleanup() error {
 	clients := m.status.clients
 	m.status.clients = nil
+	f := m.f
 	return m.uses.AfterRequests(func() error {
 		for _, c := range clients {
 			c.Close()
+		}
+		if f != nil {
+			f.CloseIdleConnections()
 		}
 		return nil
 	})
