@@ -102,7 +102,10 @@ func TestSlowCallDoesNotFailTheCardForOthers(t *testing.T) {
 	time.Sleep(2100 * time.Millisecond)
 	resp, body := getBody(t, base+"/s/invoices/INV-7731", map[string]string{"X-Kind": "fast"})
 	a := <-done
-	if a.status != http.StatusServiceUnavailable || a.took > 2500*time.Millisecond {
+	// A 503 is the call giving up at its deadline: had it waited for the
+	// card, it would have been verified (200). The bound only tells a
+	// wait on some longer timeout, far past any slowness of a loaded machine.
+	if a.status != http.StatusServiceUnavailable || a.took > 10*time.Second {
 		t.Errorf("the slow call: status %d after %v; want 503 at its 2s deadline", a.status, a.took)
 	}
 	if resp.StatusCode != 200 || resp.Header.Get(HeaderVerificationStatus) != "pass" {

@@ -427,7 +427,7 @@ func TestUnknownOutcomeIsPendingThenResolves(t *testing.T) {
 func TestPendingRetryFailsOnceTheBlockhashExpires(t *testing.T) {
 	fr := &faultyRPC{}
 	srv := fr.serve(t)
-	e := newEnv(t, Config{RPC: &RPC{URL: srv}, ConfirmTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond})
+	e := newEnv(t, Config{RPC: &RPC{URL: srv}, ConfirmTimeout: 2 * time.Second, PollInterval: 20 * time.Millisecond})
 	fr.set(func(f *faultyRPC) { f.target, f.dropSend = e.chain.URL, true })
 	p := e.payment(t)
 	pp := Payload(p.Build(p.Instructions()), e.req)
