@@ -1,9 +1,7 @@
 package caddymodule
 
 import (
-	"net/http"
 	"net/http/httptest"
-	"strings"
 	"testing"
 	"time"
 
@@ -38,22 +36,8 @@ func TestAttemptIsDatedFromItsSettleNotFromItsRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	header, _ := x402.EncodeHeader(pp)
-	pay, err := x402.DecodePayment(header)
-	if err != nil {
-		t.Fatal(err)
-	}
-	auth, err := pay.ExactEVMValues()
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys, until := claimKeys(header, offer, &auth, nil)
-	req := httptest.NewRequest(http.MethodPost, "http://example.com/verify/schema", strings.NewReader(validRequest))
-	claim, note, err := g.claimPaid(req, keys, until, pay, g.liveOffers().offerJSON(0), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	endLive(decodeOrFail(t, note).Token)
+	c := claimSigned(t, g, offer, pp)
+	req, claim, pay, note := c.req, c.claim, c.pay, c.note
 	p := &paidCharge{g: g, claimed: t0, claim: claim, pay: pay, offer: offer, offerJS: g.liveOffers().offerJSON(0), note: note}
 	asked := t0.Add(500 * time.Millisecond)
 	now = func() time.Time { return asked }

@@ -33,22 +33,8 @@ func TestPaidRecordKeepsThePaymentAsReceived(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	header, _ := x402.EncodeHeader(p)
-	pay, err := x402.DecodePayment(header)
-	if err != nil {
-		t.Fatal(err)
-	}
-	auth, err := pay.ExactEVMValues()
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys, until := claimKeys(header, offer, &auth, nil)
-	req := httptest.NewRequest(http.MethodPost, "http://example.com/verify/schema", strings.NewReader(validRequest))
-	_, note, err := g.claimPaid(req, keys, until, pay, g.liveOffers().offerJSON(0), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	endLive(decodeOrFail(t, note).Token)
+	c := claimSigned(t, g, offer, p)
+	pay, note := c.pay, c.note
 	var members map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(note), &members); err != nil {
 		t.Fatal(err)
@@ -63,6 +49,40 @@ func TestPaidRecordKeepsThePaymentAsReceived(t *testing.T) {
 	if h.payload.Accepted.Amount != p.Accepted.Amount || !bytes.Equal(h.payload.Payload, p.Payload) || h.payload.Resource.URL != p.Resource.URL {
 		t.Fatalf("the record's payment reads back as %+v", h.payload)
 	}
+}
+
+// signedClaim is a payment claimed at a gate as servePaid claims it, with
+// the request it came on and what the claim wrote.
+type signedClaim struct {
+	pay   x402.Payment
+	keys  []string
+	req   *http.Request
+	claim store.Claim
+	note  string
+}
+
+// claimSigned claims payment p, signed for g's offer, at g (claimPaid), as
+// a call to /verify/schema, and ends the claim's live mark as a finished
+// call does.
+func claimSigned(t *testing.T, g *Gate, offer x402.PaymentRequirements, p x402.PaymentPayload) signedClaim {
+	t.Helper()
+	header, _ := x402.EncodeHeader(p)
+	pay, err := x402.DecodePayment(header)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth, err := pay.ExactEVMValues()
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, until := claimKeys(header, offer, &auth, nil)
+	req := httptest.NewRequest(http.MethodPost, "http://example.com/verify/schema", strings.NewReader(validRequest))
+	claim, note, err := g.claimPaid(req, keys, until, pay, g.liveOffers().offerJSON(0), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	endLive(decodeOrFail(t, note).Token)
+	return signedClaim{pay: pay, keys: keys, req: req, claim: claim, note: note}
 }
 
 func decodeOrFail(t *testing.T, note string) *heldRecord {

@@ -233,22 +233,8 @@ func TestFailureNamingNoTransactionKeepsNoAnswer(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			header, _ := x402.EncodeHeader(p)
-			pay, err := x402.DecodePayment(header)
-			if err != nil {
-				t.Fatal(err)
-			}
-			auth, err := pay.ExactEVMValues()
-			if err != nil {
-				t.Fatal(err)
-			}
-			keys, until := claimKeys(header, offer, &auth, nil)
-			req := httptest.NewRequest(http.MethodPost, "http://example.com/verify/schema", strings.NewReader(validRequest))
-			claim, note, err := g.claimPaid(req, keys, until, pay, g.liveOffers().offerJSON(0), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			endLive(decodeOrFail(t, note).Token)
+			sc := claimSigned(t, g, offer, p)
+			req, claim, pay, keys := sc.req, sc.claim, sc.pay, sc.keys
 			answer := bytes.Repeat([]byte("a"), maxHeldAnswer/2) // with its header, within what a record holds
 			bw := &bufferedWriter{header: http.Header{"Content-Type": {"application/json"}}, buf: bytes.NewBuffer(answer), code: http.StatusOK, limit: int64(len(answer))}
 			reply := c.reply
