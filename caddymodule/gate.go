@@ -1355,12 +1355,12 @@ func (g *Gate) refuse(w http.ResponseWriter, r *http.Request, err error) error {
 // logged with its cause (the operator's only view of an outage or of an
 // answer withheld), every one in the outcomes metric. A retryable one
 // gives back the wallet proofs wallet_auth claimed for the request, unless
-// its upstream ran (refusedForNow).
+// its upstream ran (refusedBeforeUpstream).
 func (g *Gate) counted(r *http.Request, e *apierr.Error) {
 	if countsAgainstRate(e) {
 		g.noteRefusal(r)
 	}
-	refusedForNow(r, e, g.logger)
+	refusedBeforeUpstream(r, e, g.logger)
 	if e.Status >= 500 {
 		if ce := g.logger.Check(zapcore.ErrorLevel, "request refused"); ce != nil {
 			ce.Write(zap.String("code", e.Code), zap.Error(e.Cause))

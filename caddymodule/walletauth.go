@@ -473,20 +473,13 @@ func (c *clientCredentials) keepClaims() {
 // retry (a 503, a 429): the retry may send the same proofs, as when one
 // wallet_auth alone cannot check a proof, since one that checks a proof a
 // second time (a route's behind a site-wide one) can fail after the first
-// claimed its nonce. None once reverse_proxy chose an upstream for the
-// request: a wallet_auth in its handle_response runs after the upstream
-// answered.
+// claimed its nonce.
 func (c *clientCredentials) releaseClaims(r *http.Request, logger *zap.Logger) {
 	if c == nil || len(c.held) == 0 {
 		return
 	}
 	held := c.held
 	c.held = nil
-	if repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); repl != nil {
-		if _, proxied := repl.Get("http.reverse_proxy.upstream.hostport"); proxied {
-			return
-		}
-	}
 	ctx := context.WithoutCancel(r.Context())
 	for _, h := range held {
 		if err := h.v.ReleaseNonce(ctx, h.p); err != nil {
@@ -501,10 +494,26 @@ func (c *clientCredentials) releaseClaims(r *http.Request, logger *zap.Logger) {
 
 // refusedForNow gives the request's wallet proofs back (releaseClaims)
 // when e, the answer it is refused with, tells its client to retry (a 503,
-// a 429): wallet_auth's own refusals and those of a gate behind it, before
-// its upstream ran (runCallUpstream keeps the claims from then on), so that the
-// client's retry of the same request is not refused as a replay.
+// a 429), so that the client's retry of the same request is not refused as
+// a replay: the refusals of a handler without an upstream of its own
+// (wallet_auth, aov_rate_limit). None once reverse_proxy chose an upstream
+// for the request: such a handler in its handle_response runs after the
+// upstream answered.
 func refusedForNow(r *http.Request, e *apierr.Error, logger *zap.Logger) {
+	if repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); repl != nil {
+		if _, proxied := repl.Get("http.reverse_proxy.upstream.hostport"); proxied {
+			credentialsOf(r).keepClaims()
+			return
+		}
+	}
+	refusedBeforeUpstream(r, e, logger)
+}
+
+// refusedBeforeUpstream is refusedForNow for a gate's refusals, which need
+// no sign of a proxy: the gate keeps the claims itself as its upstream
+// starts (runCallUpstream), and a proxy that ran before it was no upstream
+// of the request but an auth check (forward_auth), which serves nothing.
+func refusedBeforeUpstream(r *http.Request, e *apierr.Error, logger *zap.Logger) {
 	if e.Retryable {
 		credentialsOf(r).releaseClaims(r, logger)
 	}

@@ -15,7 +15,7 @@ import (
 )
 
 // gateBehindWalletAuth is a route whose wallet_auth (optional) passes a
-// request on to a gate, whose facilitator answers 503 on path (/verify or
+// request on, through the handlers between (if any), to a gate, whose facilitator answers 503 on path (/verify or
 // /settle) while down is set. The gate's upstream is reverse_proxy, whose
 // runs served counts, or with respond, Caddy's own handler, which names
 // the wallet.
@@ -25,7 +25,7 @@ type gateBehindWalletAuth struct {
 	served atomic.Int32
 }
 
-func startGateBehindWalletAuth(t *testing.T, path string, respond bool) *gateBehindWalletAuth {
+func startGateBehindWalletAuth(t *testing.T, path string, respond bool, between string) *gateBehindWalletAuth {
 	t.Helper()
 	_, fac := sharedDevnet(t)
 	s := &gateBehindWalletAuth{}
@@ -56,6 +56,7 @@ func startGateBehindWalletAuth(t *testing.T, path string, respond bool) *gateBeh
 			store badger {data}/gate
 			domains 127.0.0.1:{port}
 		}
+		%[4]s
 		x402 {
 			accept devnet $0.01 %[3]s
 			facilitator http {
@@ -66,7 +67,7 @@ func startGateBehindWalletAuth(t *testing.T, path string, respond bool) *gateBeh
 		%[1]s
 	}
 }
-`, upstream, proxy.URL, payTo.Hex()))
+`, upstream, proxy.URL, payTo.Hex(), between))
 	s.url = base + "/paid/x"
 	return s
 }
@@ -99,7 +100,7 @@ func paidProofCall(t *testing.T, url string, i int) map[string]string {
 // gave a nonce back, and the retry was refused 401 "nonce was already
 // used".)
 func TestGateRetryableRefusalGivesTheProofBack(t *testing.T) {
-	s := startGateBehindWalletAuth(t, "/verify", false)
+	s := startGateBehindWalletAuth(t, "/verify", false, "")
 	hdr := paidProofCall(t, s.url, 5)
 	s.down.Store(true)
 	st, _, body := walletCall(t, "GET", s.url, "", hdr)
@@ -122,7 +123,7 @@ func TestGateRetryableRefusalGivesTheProofBack(t *testing.T) {
 // may have served the request, so the same proof sent again is a replay,
 // refused 401.
 func TestGateRetryableRefusalAfterTheUpstreamKeepsTheProof(t *testing.T) {
-	s := startGateBehindWalletAuth(t, "/settle", true)
+	s := startGateBehindWalletAuth(t, "/settle", true, "")
 	hdr := paidProofCall(t, s.url, 4)
 	s.down.Store(true)
 	st, _, body := walletCall(t, "GET", s.url, "", hdr)
@@ -132,4 +133,32 @@ func TestGateRetryableRefusalAfterTheUpstreamKeepsTheProof(t *testing.T) {
 	}
 	st, h, body := walletCall(t, "GET", s.url, "", hdr)
 	wantUnauthorized(t, st, h, body, walletauth.HeaderName+".nonce")
+}
+
+// TestGateRetryableRefusalBehindForwardAuthGivesTheProofBack: an auth
+// check is no upstream of the request. A forward_auth between wallet_auth
+// and the gate asks its auth service about the request (which allows it)
+// and passes it on; the gate's facilitator's /verify is down, so the gate
+// answers 503 retryable before its upstream ran, and the client's retry of
+// the same request is served. (Before: the gate's refusal kept the nonce
+// once any reverse_proxy had chosen an upstream for the request, and
+// forward_auth's check is one, so the retry was refused 401 "nonce was
+// already used".)
+func TestGateRetryableRefusalBehindForwardAuthGivesTheProofBack(t *testing.T) {
+	auth := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	t.Cleanup(auth.Close)
+	s := startGateBehindWalletAuth(t, "/verify", false, fmt.Sprintf(`forward_auth %s {
+			uri /auth
+		}`, strings.TrimPrefix(auth.URL, "http://")))
+	hdr := paidProofCall(t, s.url, 6)
+	s.down.Store(true)
+	st, _, body := walletCall(t, "GET", s.url, "", hdr)
+	s.down.Store(false)
+	if st != http.StatusServiceUnavailable || body["retryable"] != true || s.served.Load() != 0 {
+		t.Fatalf("with /verify down: %d %v, upstream ran %d times; want 503 retryable, upstream not run", st, body, s.served.Load())
+	}
+	st, _, body = walletCall(t, "GET", s.url, "", hdr)
+	if st != 200 || body["wallet"] != walletAddr(6) {
+		t.Fatalf("the retry of the same request after the gate's retryable 503 (only forward_auth's auth check ran): %d %v, want 200 as %s", st, body, walletAddr(6))
+	}
 }
