@@ -8,6 +8,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/aovhq/aov/apierr"
 )
@@ -27,7 +28,10 @@ func init() {
 // request that reaches it counts one event in its zone; a client with
 // Events requests within Window is answered 429 rate_limited with
 // Retry-After (the gate's answer, SPEC §6) until its budget refills,
-// before any later handler runs. A refused request is not counted.
+// before any later handler runs. A refused request is not counted, and the
+// wallet proofs a wallet_auth before it claimed for the request are given
+// back (refusedForNow): the client retries the same request after
+// Retry-After.
 //
 // It is the gate's limiter (RateLimit: a token bucket per client, the same
 // client as the gate and the free allowance count, bounded tables, state
@@ -54,6 +58,7 @@ type RequestRateLimit struct {
 	zone    *rateZone // nil when off
 	key     string
 	proxies *proxyWatch
+	logger  *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -78,8 +83,9 @@ func (h *RequestRateLimit) Provision(ctx caddy.Context) error {
 	if h.zone, h.key, err = loadZone(&h.RateLimit, zoneRequests); err != nil {
 		return fmt.Errorf("aov_rate_limit: loading zone: %v", err)
 	}
+	h.logger = ctx.Logger()
 	srv, _ := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
-	h.proxies = watchProxies(srv, true, ctx.Logger())
+	h.proxies = watchProxies(srv, true, h.logger)
 	return nil
 }
 
@@ -100,7 +106,9 @@ func (h *RequestRateLimit) ServeHTTP(w http.ResponseWriter, r *http.Request, nex
 	}
 	h.proxies.check(r)
 	if wait := h.zone.take(clientAddr(r)); wait > 0 {
-		apierr.Write(w, apierr.RateLimited(wait))
+		e := apierr.RateLimited(wait)
+		refusedForNow(r, e, h.logger)
+		apierr.Write(w, e)
 		return nil
 	}
 	return next.ServeHTTP(w, r)

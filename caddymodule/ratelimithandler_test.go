@@ -19,6 +19,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/aovhq/aov/plugins/evmfacilitator"
+	"github.com/aovhq/aov/walletauth"
 	"github.com/aovhq/aov/x402"
 )
 
@@ -362,5 +363,47 @@ func TestFreeRateLimitWarnsOfNonStrictTrustedProxies(t *testing.T) {
 				t.Errorf("a strict server got the warning:\n%s", log)
 			}
 		})
+	}
+}
+
+// TestFreeRateLimitGivesTheProofBack: SPEC §9, a proof whose request is
+// refused with a retryable answer is not used up unless the request reached
+// an upstream or was answered. aov_rate_limit after wallet_auth answers a
+// client past its budget 429 rate_limited, retryable, before anything is
+// proxied, and the client's retry of the same request (the same proof)
+// after Retry-After is served. (Before: the 429 kept the nonce wallet_auth
+// had claimed, and the retry was refused 401 "nonce was already used".)
+func TestFreeRateLimitGivesTheProofBack(t *testing.T) {
+	up := walletUpstream(t)
+	base := startCaddy(t, fmt.Sprintf(`:{port} {
+	route /api/* {
+		wallet_auth optional {
+			store badger {data}/gate
+			domains 127.0.0.1:{port}
+		}
+		aov_rate_limit 1 1s {
+			zone proof_back
+		}
+		reverse_proxy %s
+	}
+}
+`, strings.TrimPrefix(up.URL, "http://")))
+	url := base + "/api/x"
+	if st, _, body := walletCall(t, "GET", url, "", nil); st != 200 {
+		t.Fatalf("first call (no proof): %d %v, want 200", st, body)
+	}
+	hdr := map[string]string{walletauth.HeaderName: walletProof(t, walletKey(3), "GET", url, nil)}
+	st, h, body := walletCall(t, "GET", url, "", hdr)
+	if st != http.StatusTooManyRequests || body["retryable"] != true {
+		t.Fatalf("second call over aov_rate_limit 1 1s: %d %v, want 429 retryable", st, body)
+	}
+	wait, err := time.ParseDuration(h.Get("Retry-After") + "s")
+	if err != nil {
+		t.Fatalf("Retry-After %q: %v", h.Get("Retry-After"), err)
+	}
+	time.Sleep(wait)
+	st, _, body = walletCall(t, "GET", url, "", hdr)
+	if st != 200 || body["wallet"] != walletAddr(3) {
+		t.Fatalf("the retry of the same proof after aov_rate_limit's 429 (Retry-After %v, nothing proxied): %d %v, want 200 as %s", wait, st, body, walletAddr(3))
 	}
 }
