@@ -2939,16 +2939,37 @@ func (q *reportQueue) expire() {
 
 // detached is a copy of r for work that outlives it (report retries, the
 // background pass): not cancelled with r, with a fresh replacer and a copy
-// of the variables (the proxy reads the client IP from them), so nothing
-// set on it races r's access log.
+// of the variables (the proxy reads the client IP from them; copyReportVars),
+// so nothing set on it races r's access log.
 func detached(r *http.Request) *http.Request {
 	vars := map[string]any{}
 	if v, ok := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any); ok {
-		maps.Copy(vars, v)
+		copyReportVars(vars, v)
 	}
 	return r.Clone(context.WithValue(context.WithValue(context.WithoutCancel(r.Context()),
 		caddy.ReplacerCtxKey, caddy.NewReplacer()), caddyhttp.VarsCtxKey, vars))
 }
+
+// copyReportVars copies the variables of src, a paid call's request, into
+// dst, a report's made from it (detached, prepareReport), but the buyer's
+// credentials (buyerVars).
+func copyReportVars(dst, src map[string]any) {
+	maps.Copy(dst, src)
+	for _, k := range buyerVars {
+		delete(dst, k)
+	}
+}
+
+// buyerVars hold the state of the buyer's credentials on its request: the
+// proofs and payment set aside, with the nonce claims held for them
+// (varClientCredentials), what wallet_auth proved (varWalletProven), and
+// the settlement its sign-in-with-x waits for (varSettled). A report is the
+// gateway's own request and carries no proof: a wallet_auth after the gate
+// would judge the buyer's proofs, signed for the call, against the report
+// and refuse it; the report may run on another goroutine while the call
+// writes that state, or long after it, and would keep its bearer proofs in
+// memory that long.
+var buyerVars = []string{varClientCredentials, varWalletProven, varSettled}
 
 // requestRoute is what a report request carries on from the request it
 // is made from (reportOnce keeps its Host, its connection and its
@@ -3076,14 +3097,15 @@ func (rep *reporter) as(rt *requestRoute) *reporter {
 // path the report's; a detached copy of r has a replacer with none, and
 // an upstream chosen by a placeholder was dialed as ":0"), and a copy of
 // r's variables (the client's address as the server found it, and what
-// handlers before the gate set), so nothing set on it races r's.
+// handlers before the gate set; copyReportVars), so nothing set on it
+// races r's.
 func prepareReport(rr, r *http.Request, w http.ResponseWriter) *http.Request {
 	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	rr = caddyhttp.PrepareRequest(rr, caddy.NewReplacer(), w, srv)
 	if v, ok := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any); ok {
 		if vars, ok := rr.Context().Value(caddyhttp.VarsCtxKey).(map[string]any); ok {
 			start := vars[startTimeVar]
-			maps.Copy(vars, v)
+			copyReportVars(vars, v)
 			vars[startTimeVar] = start // the report's own, for its duration
 		}
 	}
