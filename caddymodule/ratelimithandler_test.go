@@ -371,39 +371,49 @@ func TestFreeRateLimitWarnsOfNonStrictTrustedProxies(t *testing.T) {
 // an upstream or was answered. aov_rate_limit after wallet_auth answers a
 // client past its budget 429 rate_limited, retryable, before anything is
 // proxied, and the client's retry of the same request (the same proof)
-// after Retry-After is served. (Before: the 429 kept the nonce wallet_auth
-// had claimed, and the retry was refused 401 "nonce was already used".)
+// after Retry-After is served: in a route, and behind a forward_auth,
+// which Caddy's directive order puts first, and whose auth check is no
+// upstream of the request. (Before: the 429 kept the nonce wallet_auth had
+// claimed, and the retry was refused 401 "nonce was already used"; once it
+// gave it back, it still kept it behind a forward_auth.)
 func TestFreeRateLimitGivesTheProofBack(t *testing.T) {
-	up := walletUpstream(t)
-	base := startCaddy(t, fmt.Sprintf(`:{port} {
-	route /api/* {
-		wallet_auth optional {
+	auth := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	t.Cleanup(auth.Close)
+	const handlers = `wallet_auth optional {
 			store badger {data}/gate
 			domains 127.0.0.1:{port}
 		}
 		aov_rate_limit 1 1s {
-			zone proof_back
+			zone proof_back_%[2]d
 		}
-		reverse_proxy %s
+		reverse_proxy %[1]s`
+	sites := map[string]string{
+		"route": "route /api/* {\n\t\t" + handlers + "\n\t}",
+		// handle sorts its directives in Caddy's order: forward_auth first.
+		"forward_auth first": "handle /api/* {\n\t\t" + handlers + "\n\t\tforward_auth " + strings.TrimPrefix(auth.URL, "http://") + " {\n\t\t\turi /auth\n\t\t}\n\t}",
 	}
-}
-`, strings.TrimPrefix(up.URL, "http://")))
-	url := base + "/api/x"
-	if st, _, body := walletCall(t, "GET", url, "", nil); st != 200 {
-		t.Fatalf("first call (no proof): %d %v, want 200", st, body)
-	}
-	hdr := map[string]string{walletauth.HeaderName: walletProof(t, walletKey(3), "GET", url, nil)}
-	st, h, body := walletCall(t, "GET", url, "", hdr)
-	if st != http.StatusTooManyRequests || body["retryable"] != true {
-		t.Fatalf("second call over aov_rate_limit 1 1s: %d %v, want 429 retryable", st, body)
-	}
-	wait, err := time.ParseDuration(h.Get("Retry-After") + "s")
-	if err != nil {
-		t.Fatalf("Retry-After %q: %v", h.Get("Retry-After"), err)
-	}
-	time.Sleep(wait)
-	st, _, body = walletCall(t, "GET", url, "", hdr)
-	if st != 200 || body["wallet"] != walletAddr(3) {
-		t.Fatalf("the retry of the same proof after aov_rate_limit's 429 (Retry-After %v, nothing proxied): %d %v, want 200 as %s", wait, st, body, walletAddr(3))
+	n := 0
+	for what, site := range sites {
+		n++
+		up := walletUpstream(t)
+		base := startCaddy(t, ":{port} {\n\t"+fmt.Sprintf(site, strings.TrimPrefix(up.URL, "http://"), n)+"\n}\n")
+		url := base + "/api/x"
+		if st, _, body := walletCall(t, "GET", url, "", nil); st != 200 {
+			t.Fatalf("%s: first call (no proof): %d %v, want 200", what, st, body)
+		}
+		hdr := map[string]string{walletauth.HeaderName: walletProof(t, walletKey(3), "GET", url, nil)}
+		st, h, body := walletCall(t, "GET", url, "", hdr)
+		if st != http.StatusTooManyRequests || body["retryable"] != true {
+			t.Fatalf("%s: second call over aov_rate_limit 1 1s: %d %v, want 429 retryable", what, st, body)
+		}
+		wait, err := time.ParseDuration(h.Get("Retry-After") + "s")
+		if err != nil {
+			t.Fatalf("%s: Retry-After %q: %v", what, h.Get("Retry-After"), err)
+		}
+		time.Sleep(wait)
+		st, _, body = walletCall(t, "GET", url, "", hdr)
+		if st != 200 || body["wallet"] != walletAddr(3) {
+			t.Fatalf("%s: the retry of the same proof after aov_rate_limit's 429 (Retry-After %v, nothing proxied): %d %v, want 200 as %s", what, wait, st, body, walletAddr(3))
+		}
 	}
 }

@@ -326,7 +326,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		if err != nil {
 			return wa.refuse(w, r, err)
 		}
-		creds.hold(wa.verifier, p, false)
+		creds.hold(r, wa.verifier, p, false)
 		proof = &p
 	}
 	paidAccess := false
@@ -335,7 +335,7 @@ func (wa *WalletAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		if err != nil {
 			return wa.refuse(w, r, err)
 		}
-		creds.hold(wa.verifier, p, true)
+		creds.hold(r, wa.verifier, p, true)
 		if proof != nil && proof.Wallet() != p.Wallet() {
 			return wa.refuse(w, r, &walletauth.Error{Kind: walletauth.ErrWrongRequest, Header: walletauth.SIWXHeaderName, Field: "address",
 				Problem: "is not the wallet of X-Wallet-Auth", Fix: "Prove one wallet per request."})
@@ -426,6 +426,11 @@ type clientCredentials struct {
 	// retryable refusal gives back (releaseClaims), until the request may
 	// have been served (keepClaims).
 	held []heldNonce
+	// heldAfter is the upstream reverse_proxy had chosen for the request
+	// (proxiedTo) when the first of held was claimed: a proxy that ran
+	// before wallet_auth, an auth check (forward_auth, which Caddy orders
+	// first), served nothing of what the claims are for.
+	heldAfter string
 }
 
 // heldNonce is a proof whose nonce a wallet_auth claimed, with its
@@ -437,16 +442,19 @@ type heldNonce struct {
 	siwx bool // SIGN-IN-WITH-X's, else X-Wallet-Auth's
 }
 
-// hold records that v verified p, the request's SIGN-IN-WITH-X proof when
-// siwx, else its X-Wallet-Auth, and holds the nonce claim it made: the
-// first check's (a later one claims nothing).
-func (c *clientCredentials) hold(v *walletauth.Verifier, p walletauth.Proof, siwx bool) {
+// hold records that v verified p, r's SIGN-IN-WITH-X proof when siwx, else
+// its X-Wallet-Auth, and holds the nonce claim it made: the first check's
+// (a later one claims nothing).
+func (c *clientCredentials) hold(r *http.Request, v *walletauth.Verifier, p walletauth.Proof, siwx bool) {
 	spent := &c.authSpent
 	if siwx {
 		spent = &c.siwxSpent
 	}
 	if !*spent {
 		*spent = true
+		if len(c.held) == 0 {
+			c.heldAfter = proxiedTo(r)
+		}
 		c.held = append(c.held, heldNonce{v, p, siwx})
 	}
 }
@@ -496,17 +504,28 @@ func (c *clientCredentials) releaseClaims(r *http.Request, logger *zap.Logger) {
 // when e, the answer it is refused with, tells its client to retry (a 503,
 // a 429), so that the client's retry of the same request is not refused as
 // a replay: the refusals of a handler without an upstream of its own
-// (wallet_auth, aov_rate_limit). None once reverse_proxy chose an upstream
-// for the request: such a handler in its handle_response runs after the
-// upstream answered.
+// (wallet_auth, aov_rate_limit). None once reverse_proxy chose another
+// upstream for the request than when the claims were made (heldAfter):
+// such a handler in its handle_response runs after the upstream answered.
+// A forward_auth after wallet_auth and before the handler looks the same,
+// and keeps them too; one before wallet_auth does not.
 func refusedForNow(r *http.Request, e *apierr.Error, logger *zap.Logger) {
-	if repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); repl != nil {
-		if _, proxied := repl.Get("http.reverse_proxy.upstream.hostport"); proxied {
-			credentialsOf(r).keepClaims()
-			return
-		}
+	if c := credentialsOf(r); c != nil && proxiedTo(r) != c.heldAfter {
+		c.keepClaims()
+		return
 	}
 	refusedBeforeUpstream(r, e, logger)
+}
+
+// proxiedTo is the upstream the last reverse_proxy to run on r chose
+// (http.reverse_proxy.upstream.hostport), "" before any.
+func proxiedTo(r *http.Request) string {
+	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if repl == nil {
+		return ""
+	}
+	s, _ := repl.GetString("http.reverse_proxy.upstream.hostport")
+	return s
 }
 
 // refusedBeforeUpstream is refusedForNow for a gate's refusals, which need
