@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -38,7 +37,7 @@ func TestStoreAllowanceFlushCaddyfile(t *testing.T) {
 // error costs nothing), and stopping Caddy writes the counts it batched.
 func TestFreeAllowanceBatchedThroughCaddy(t *testing.T) {
 	up := newUpstream(t)
-	dir := filepath.Join(t.TempDir(), "gate")
+	dir := gateDir(t)
 	base := startCaddy(t, fmt.Sprintf(`:{port} {
 	route /verify/schema {
 		x402 {

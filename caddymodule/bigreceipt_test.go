@@ -7,7 +7,6 @@ import (
 	"math/big"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -153,7 +152,7 @@ func TestRemoteSettlementThroughARelayContractStaysPending(t *testing.T) {
 	size := make(chan int, 1)
 	fac, settled := batchingFacilitator(t, d, facURL, dep.ContractAddress, size)
 	up := newReportingUpstream(t)
-	base := startCaddy(t, remoteSite(up.URL, fac.URL, "rpc devnet "+d.RPCURL(), filepath.Join(t.TempDir(), "gate")))
+	base := startCaddy(t, remoteSite(up.URL, fac.URL, "rpc devnet "+d.RPCURL(), gateDir(t)))
 	url := base + "/verify/schema"
 	before := balance(t, d, payer)
 	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), payerIdx)

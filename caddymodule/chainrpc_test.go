@@ -172,7 +172,7 @@ func TestChainRPCPathKeyNeverLeavesTheGate(t *testing.T) {
 		reverse_proxy %[1]s
 	}
 }
-`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex(), provider.URL+"/v2/"+key, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
+`, strings.TrimPrefix(up.URL, "http://"), fac, payTo.Hex(), provider.URL+"/v2/"+key, gateDir(t))) + "/verify/schema"
 	resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
 	if reason := reasonOf(t, resp); resp.StatusCode != http.StatusPaymentRequired || reason != x402.ReasonPaymentAlreadyUsed || wrongPath.Load() != 0 {
 		t.Fatalf("the settled payment retried, the provider up: %d %s, %d calls to another path; want 402 %s read from the key's path",

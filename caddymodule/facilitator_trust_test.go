@@ -232,7 +232,7 @@ func TestFacilitatorsTransactionOfNoTransactionsShapeIsNotPassedOn(t *testing.T)
 func TestSavedAnswerIsToldAsTheGateTellsIt(t *testing.T) {
 	d, fac := sharedDevnet(t)
 	up := newUpstream(t)
-	storeDir := filepath.Join(t.TempDir(), "gate")
+	storeDir := gateDir(t)
 	base := startCaddy(t, fmt.Sprintf(`:{port} {
 	route /verify/schema {
 		x402 {

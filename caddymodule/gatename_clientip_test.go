@@ -3,7 +3,6 @@ package caddymodule
 import (
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -62,7 +61,7 @@ func gateProxyingToATenantServer(t *testing.T, servers string) {
 		reverse_proxy %[4]s
 	}
 }
-`, payTo.Hex(), filepath.Join(t.TempDir(), "gate"), inner,
+`, payTo.Hex(), gateDir(t), inner,
 		strings.TrimPrefix(a.URL, "http://"), strings.TrimPrefix(b.URL, "http://"))
 	port := freePort(t)
 	loadCaddyServers(t, port, "", "", sites)
@@ -123,7 +122,7 @@ func TestOutcomeReportedAfterRestartAddingOwnTrustedProxies(t *testing.T) {
 		reverse_proxy %[3]s
 	}
 }
-`, payTo.Hex(), filepath.Join(t.TempDir(), "gate"), strings.TrimPrefix(a.URL, "http://"))
+`, payTo.Hex(), gateDir(t), strings.TrimPrefix(a.URL, "http://"))
 			port := freePort(t)
 			loadCaddyServers(t, port, "", "", site)
 			t.Cleanup(func() { caddy.Stop() })

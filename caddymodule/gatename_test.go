@@ -91,7 +91,7 @@ func TestResolvedOutcomeReportedAfterRestartAddingServerSetting(t *testing.T) {
 		reverse_proxy %[3]s
 	}
 }
-`, payTo.Hex(), filepath.Join(t.TempDir(), "gate"), strings.TrimPrefix(a.URL, "http://"), inSite)
+`, payTo.Hex(), gateDir(t), strings.TrimPrefix(a.URL, "http://"), inSite)
 			}
 			port := freePort(t)
 			first := site("")
@@ -142,7 +142,7 @@ func TestGateNameFollowsEnvPlaceholderUpstream(t *testing.T) {
 		reverse_proxy {env.AOV_TEST_BACKEND}
 	}
 }
-`, payTo.Hex(), filepath.Join(t.TempDir(), "gate"))
+`, payTo.Hex(), gateDir(t))
 	port := freePort(t)
 	loadCaddyServers(t, port, "", "", site)
 	t.Cleanup(func() { caddy.Stop() })

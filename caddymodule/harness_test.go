@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -187,3 +188,29 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 // noRedirect is an HTTP client for tests: it never follows redirects and
 // has a timeout, so a hung gateway fails the test instead of hanging it.
 var testClient = &http.Client{Timeout: 30 * time.Second}
+
+// gateDir is a folder for a gate's store that outlives the test's Caddy
+// long enough: a config's database closes once its requests in flight and
+// its holders are done (BadgerStore.Cleanup), which can be just after
+// caddy.Stop returns, so removing the folder waits for its last write (up
+// to 10 s) rather than failing the test on a file written meanwhile.
+func gateDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "gate-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			err := os.RemoveAll(dir)
+			if err == nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("removing the gate's store folder: %v", err)
+				return
+			}
+		}
+	})
+	return filepath.Join(dir, "gate")
+}

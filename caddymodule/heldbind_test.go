@@ -6,7 +6,6 @@ import (
 	"io"
 	"math/big"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -126,7 +125,7 @@ func TestHeldAnswerOnlyForItsPaymentAndRequestUnrecorded(t *testing.T) {
 func TestHeldAnswerOnlyForItsPaymentAndRequestUnknownOutcome(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	storeDir := filepath.Join(t.TempDir(), "gate")
+	storeDir := gateDir(t)
 	site := pendingSite(up.URL, "lose_reply", storeDir, "validate verify_request")
 	url := startCaddy(t, site) + "/verify/schema"
 	payer := evmfacilitator.DevAccounts()[7].Address
@@ -166,7 +165,7 @@ func TestHeldAnswerOnlyForItsPaymentAndRequestUnknownOutcome(t *testing.T) {
 func TestHeldMCPAnswerOnlyForItsPaymentAndRequest(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	vf := startVerifier(t)
-	url := startCaddy(t, mcpHistorySite(vf, "lose_reply", filepath.Join(t.TempDir(), "gate"))) + "/mcp"
+	url := startCaddy(t, mcpHistorySite(vf, "lose_reply", gateDir(t))) + "/mcp"
 	args := map[string]any{"task_id": "t-mcp-bind", "agent_id": "seller-mcp-bind",
 		"expected_schema": map[string]any{"type": "object"}, "submitted_output": map[string]any{"ok": true}}
 	postMCP(t, url, toolCall(t, "verify_schema", map[string]any{"task_id": "t-free", "expected_schema": map[string]any{}, "submitted_output": 1}, nil)) // the free call of the day
@@ -231,7 +230,7 @@ func pastReconnect(t *testing.T, call func() *http.Response) *http.Response {
 func TestHeldAnswerBoundToABodyOnlyTheUpstreamRead(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	url := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "")) + "/verify/schema"
+	url := startCaddy(t, pendingSite(up.URL, "lose_reply", gateDir(t), "")) + "/verify/schema"
 	payer := evmfacilitator.DevAccounts()[7].Address
 	before := balance(t, d, payer)
 	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 7)
@@ -260,7 +259,7 @@ func TestHeldSolanaAnswerOnlyForItsRequest(t *testing.T) {
 	up := newReportingUpstream(t)
 	proxy := newLossyProxy(t, remoteSVMFacilitator(t, e), "lose_reply")
 	fac := fmt.Sprintf("http %s {\n\t\t\t\ttimeout 5s\n\t\t\t\trpc solana-devnet %s\n\t\t\t}", proxy.URL, e.chain.URL)
-	url := startCaddy(t, solanaSite(up.URL, fac, e, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
+	url := startCaddy(t, solanaSite(up.URL, fac, e, gateDir(t))) + "/verify/schema"
 	payerBefore := e.usdc(t, e.payer.Address)
 	sig, txid := signSolana(t, e, url)
 	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "the payment")
@@ -285,7 +284,7 @@ func TestHeldSolanaAnswerOnlyForItsRequest(t *testing.T) {
 func TestKilledMidSettlementRunOnlyForTheBuyersBody(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	storeDir := filepath.Join(t.TempDir(), "gate")
+	storeDir := gateDir(t)
 	p := payThenRestart(t, d, killSite(up.URL, "killed_devnet", storeDir), 8, killedMidSettlement,
 		func() string { return startCaddy(t, killSite(up.URL, "faulty_devnet none", storeDir)) })
 	url, sig := p.url, p.sig
@@ -313,7 +312,7 @@ func TestKilledMidSettlementRunOnlyForTheBuyersBody(t *testing.T) {
 func TestPaidBodyOverMaxBodyIsNeverForSale(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	url := startCaddy(t, pendingSite(up.URL, "none", filepath.Join(t.TempDir(), "gate"), "max_body 1KiB")) + "/verify/schema"
+	url := startCaddy(t, pendingSite(up.URL, "none", gateDir(t), "max_body 1KiB")) + "/verify/schema"
 	payer := evmfacilitator.DevAccounts()[6].Address
 	before := balance(t, d, payer)
 	large := `{"pad":"` + strings.Repeat("x", 2048) + `"}`

@@ -11,7 +11,6 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	neturl "net/url"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -40,7 +39,7 @@ import (
 func TestHeldPaymentSettledByAnotherFacilitatorIsNotServed(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	base := startCaddy(t, pendingSite(up.URL, "lose_request", filepath.Join(t.TempDir(), "gate"), ""))
+	base := startCaddy(t, pendingSite(up.URL, "lose_request", gateDir(t), ""))
 	url := base + "/verify/schema"
 	const buyer = 3
 	payer := evmfacilitator.DevAccounts()[buyer].Address
@@ -237,7 +236,7 @@ func TestHeldRemotePaymentKeepsItsSignersWhileTheRemoteIsDown(t *testing.T) {
 		reverse_proxy %[1]s
 	}
 }
-`, strings.TrimPrefix(up.URL, "http://"), remote.URL, payTo.Hex(), d.RPCURL(), filepath.Join(t.TempDir(), "gate"))
+`, strings.TrimPrefix(up.URL, "http://"), remote.URL, payTo.Hex(), d.RPCURL(), gateDir(t))
 	url := startCaddy(t, site) + "/verify/schema"
 	h := holdBuyer(t, d, url, 6)
 	payer, before, sig, pl := h.payer, h.before, h.sig, h.pl
@@ -350,7 +349,7 @@ func TestMultiHeldPaymentSentByTheRemoteMemberIsServed(t *testing.T) {
 		reverse_proxy %[1]s
 	}
 }
-`, strings.TrimPrefix(up.URL, "http://"), remote.URL, payTo.Hex(), d.RPCURL(), evmfacilitator.DevAccounts()[7].PrivateKeyHex, filepath.Join(t.TempDir(), "gate")))
+`, strings.TrimPrefix(up.URL, "http://"), remote.URL, payTo.Hex(), d.RPCURL(), evmfacilitator.DevAccounts()[7].PrivateKeyHex, gateDir(t)))
 	url := base + "/verify/schema"
 	h := holdBuyer(t, d, url, 6)
 	payer, before, sig := h.payer, h.before, h.sig

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -29,7 +28,7 @@ func TestHeldAnswerKeepsItsVerificationHeaders(t *testing.T) {
 	buildBinaries(t)
 	vf := startVerifier(t)
 	agent := startAgent(t)
-	for i, st := range []string{"badger " + filepath.Join(t.TempDir(), "gate"), "redis " + servers.StartRedis(t).Addr} {
+	for i, st := range []string{"badger " + gateDir(t), "redis " + servers.StartRedis(t).Addr} {
 		t.Run(strings.Fields(st)[0], func(t *testing.T) {
 			site := fmt.Sprintf(`:{port} {
 	handle /invoices/* {
@@ -124,7 +123,7 @@ func TestHeldAnswerSavedUnderItsIDKeepsACustomReceiptHeader(t *testing.T) {
 		reverse_proxy %[1]s
 	}
 }
-`, strings.TrimPrefix(agent, "http://"), vf.srv.URL, payTo.Hex(), filepath.Join(t.TempDir(), "gate"), binaries.schemaPath, binaries.rules)
+`, strings.TrimPrefix(agent, "http://"), vf.srv.URL, payTo.Hex(), gateDir(t), binaries.schemaPath, binaries.rules)
 	base := startCaddy(t, site)
 	resp, _ := getBody(t, base+"/invoices/INV-7731", nil)
 	if resp.StatusCode != http.StatusPaymentRequired {

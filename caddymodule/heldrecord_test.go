@@ -8,7 +8,6 @@ import (
 	"math/big"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -102,7 +101,7 @@ func decodeOrFail(t *testing.T, note string) *heldRecord {
 func TestRecordOfThePreviousVersionIsResolved(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	storeDir := filepath.Join(t.TempDir(), "gate")
+	storeDir := gateDir(t)
 	base := startCaddy(t, pendingSite(up.URL, "lose_reply", storeDir, ""))
 	url := base + "/verify/schema"
 	payer := evmfacilitator.DevAccounts()[7].Address

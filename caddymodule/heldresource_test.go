@@ -135,7 +135,7 @@ func withHeader(hdr map[string]string, k, v string) map[string]string {
 func TestHeldPaymentSurvivesAReloadRespellingPayTo(t *testing.T) {
 	sharedDevnet(t)
 	up := newUpstream(t)
-	site := pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "settle before")
+	site := pendingSite(up.URL, "lose_reply", gateDir(t), "settle before")
 	port := freePort(t)
 	loadCaddy(t, port, site)
 	t.Cleanup(func() { caddy.Stop() })
@@ -172,7 +172,7 @@ func TestHeldPaymentResourceComparesAsAnOrigin(t *testing.T) {
 		reverse_proxy %[1]s
 	}
 }
-`, strings.TrimPrefix(up.URL, "http://"), payTo.Hex(), filepath.Join(t.TempDir(), "gate"))
+`, strings.TrimPrefix(up.URL, "http://"), payTo.Hex(), gateDir(t))
 	url := startCaddy(t, site) + "/verify/schema"
 	for i, retryHost := range []string{"Basic.Test", "basic.test:80"} {
 		t.Run(retryHost, func(t *testing.T) {

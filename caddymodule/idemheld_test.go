@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -53,7 +52,7 @@ func otherPaymentID(id string) map[string]any {
 func heldForID(t *testing.T, extra, id string) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	base := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), extra+"\n\t\t\tpayment_identifier"))
+	base := startCaddy(t, pendingSite(up.URL, "lose_reply", gateDir(t), extra+"\n\t\t\tpayment_identifier"))
 	url := base + "/verify/schema"
 	payer := evmfacilitator.DevAccounts()[6]
 	before := balance(t, d, payer.Address)
@@ -109,7 +108,7 @@ func TestRunAgainOnlyUnderItsPaymentIdentifier(t *testing.T) {
 func TestHeldAnswerAfterTheAuthorizationExpired(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	site := pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "upstream_timeout 4s\n\t\t\tpayment_identifier")
+	site := pendingSite(up.URL, "lose_reply", gateDir(t), "upstream_timeout 4s\n\t\t\tpayment_identifier")
 	site = strings.Replace(site, "accept devnet $0.02 "+payTo.Hex(), "accept {\n\t\t\t\tnetwork devnet\n\t\t\t\tprice $0.02\n\t\t\t\tpay_to "+payTo.Hex()+"\n\t\t\t\tmax_timeout 30s\n\t\t\t}", 1)
 	base := startCaddy(t, site)
 	url := base + "/verify/schema"
@@ -196,7 +195,7 @@ func TestPaymentIdentifierSamePaymentEncodedAnew(t *testing.T) {
 func TestPaymentIdentifierAfterARunAgain(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	base := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "settle before\n\t\t\tpayment_identifier"))
+	base := startCaddy(t, pendingSite(up.URL, "lose_reply", gateDir(t), "settle before\n\t\t\tpayment_identifier"))
 	url := base + "/verify/schema"
 	payer := evmfacilitator.DevAccounts()[6]
 	before := balance(t, d, payer.Address)
@@ -229,7 +228,7 @@ func TestPaymentIdentifierAfterARunAgain(t *testing.T) {
 func TestRetryWithItsIDWhileTheRunAgainRuns(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	base := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "settle before\n\t\t\tpayment_identifier"))
+	base := startCaddy(t, pendingSite(up.URL, "lose_reply", gateDir(t), "settle before\n\t\t\tpayment_identifier"))
 	url := base + "/verify/schema"
 	payer := evmfacilitator.DevAccounts()[6]
 	before := balance(t, d, payer.Address)

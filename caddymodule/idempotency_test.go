@@ -10,7 +10,6 @@ import (
 	"math/big"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -575,7 +574,7 @@ func TestPaymentIdentifierCaddyfile(t *testing.T) {
 func TestPaymentIdentifierWithAnUnknownSettlement(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	storeDir := filepath.Join(t.TempDir(), "gate")
+	storeDir := gateDir(t)
 	base := startCaddy(t, pendingSite(up.URL, "lose_reply", storeDir, "payment_identifier"))
 	url := base + "/verify/schema"
 	payer := evmfacilitator.DevAccounts()[7]

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -102,7 +101,7 @@ func TestPaidMCPHistoryTellsTheTruth(t *testing.T) {
 	}{{"none", store.PaymentPaid, true}, {"refuse", store.PaymentUnpaid, false}} {
 		t.Run(tc.mode, func(t *testing.T) {
 			vf := startVerifier(t)
-			url := startCaddy(t, mcpHistorySite(vf, tc.mode, filepath.Join(t.TempDir(), "gate"))) + "/mcp"
+			url := startCaddy(t, mcpHistorySite(vf, tc.mode, gateDir(t))) + "/mcp"
 			agent := "seller-mcp-" + tc.mode
 			args := map[string]any{"task_id": "t-mcp", "agent_id": agent,
 				"expected_schema": map[string]any{"type": "object"}, "submitted_output": map[string]any{"ok": true}}
@@ -188,7 +187,7 @@ func TestPaidMCPHistoryTellsTheTruth(t *testing.T) {
 func TestPaidMCPUnknownOutcomeIsReportedOnRetry(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	vf := startVerifier(t)
-	url := startCaddy(t, mcpHistorySite(vf, "lose_reply", filepath.Join(t.TempDir(), "gate"))) + "/mcp"
+	url := startCaddy(t, mcpHistorySite(vf, "lose_reply", gateDir(t))) + "/mcp"
 	agent := "seller-mcp-lost"
 	args := map[string]any{"task_id": "t-mcp", "agent_id": agent,
 		"expected_schema": map[string]any{"type": "object"}, "submitted_output": map[string]any{"ok": true}}
@@ -229,7 +228,7 @@ func TestPaidMCPUnknownOutcomeIsReportedOnRetry(t *testing.T) {
 func TestPaidMCPHeldAnswerNamesTheRetry(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	vf := startVerifier(t)
-	url := startCaddy(t, mcpHistorySite(vf, "lose_reply", filepath.Join(t.TempDir(), "gate"))) + "/mcp"
+	url := startCaddy(t, mcpHistorySite(vf, "lose_reply", gateDir(t))) + "/mcp"
 	args := map[string]any{"task_id": "t-mcp-id", "agent_id": "seller-mcp-id",
 		"expected_schema": map[string]any{"type": "object"}, "submitted_output": map[string]any{"ok": true}}
 	postMCP(t, url, toolCall(t, "verify_schema", map[string]any{"task_id": "t-free", "expected_schema": map[string]any{}, "submitted_output": 1}, nil)) // the free call of the day
@@ -278,7 +277,7 @@ func TestPaidMCPHeldAnswerNamesTheRetry(t *testing.T) {
 func TestPaidMCPSettleWriteLandedIsServedOnRetry(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	vf := startVerifier(t)
-	site := strings.ReplaceAll(mcpHistorySite(vf, "none", filepath.Join(t.TempDir(), "gate")), "store badger ", "store landed_blip_badger ")
+	site := strings.ReplaceAll(mcpHistorySite(vf, "none", gateDir(t)), "store badger ", "store landed_blip_badger ")
 	url := startCaddy(t, site) + "/mcp"
 	agent := "seller-mcp-landed"
 	args := map[string]any{"task_id": "t-mcp-landed", "agent_id": agent,

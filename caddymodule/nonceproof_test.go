@@ -4,7 +4,6 @@ import (
 	"context"
 	"math/big"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -101,7 +100,7 @@ func TestUnknownSettlementWithTheNonceSpentUnpaidIsReleased(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			up := newUpstream(t)
-			dir := filepath.Join(t.TempDir(), "gate")
+			dir := gateDir(t)
 			var site string
 			if tc.remote {
 				proxy := newLossyProxy(t, facURL, "lose_request")

@@ -60,7 +60,7 @@ func signAuthorizationOf(t *testing.T, key int, pr x402.PaymentRequired, auth x4
 func TestHeldPaymentIsNotPaidByAnotherAuthorizationOfItsNonce(t *testing.T) {
 	d, facURL := sharedDevnet(t)
 	up := newUpstream(t)
-	base := startCaddy(t, pendingSite(up.URL, "lose_request", filepath.Join(t.TempDir(), "gate"), ""))
+	base := startCaddy(t, pendingSite(up.URL, "lose_request", gateDir(t), ""))
 	url := base + "/verify/schema"
 	const key = 8
 	payer := evmfacilitator.DevAccounts()[key].Address

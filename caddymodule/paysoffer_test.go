@@ -10,7 +10,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -75,7 +74,7 @@ func TestGateRefusesAnAuthorizationThatDoesNotPayItsOffer(t *testing.T) {
 		}
 	})
 	up := newReportingUpstream(t)
-	base := startCaddy(t, remoteSite(up.URL, remote.URL, "rpc devnet "+d.RPCURL(), filepath.Join(t.TempDir(), "gate")))
+	base := startCaddy(t, remoteSite(up.URL, remote.URL, "rpc devnet "+d.RPCURL(), gateDir(t)))
 	url := base + "/verify/schema"
 	pr := paymentRequired(t, post(t, url, "", nil))
 	offer := pr.Accepts[0]
@@ -125,7 +124,7 @@ func TestGateRefusesAnAuthorizationThatDoesNotPayItsOffer(t *testing.T) {
 func TestGateRefusesASolanaTransactionThatDoesNotPayItsOffer(t *testing.T) {
 	e := newSolanaEnv(t)
 	remote, calls := fakeLaxRemote(t, remoteSVMFacilitator(t, e), func(req, _ map[string]any) { req["amount"] = "1" })
-	base := startCaddy(t, solanaSite(newUpstream(t).URL, "http "+remote.URL, e, filepath.Join(t.TempDir(), "gate")))
+	base := startCaddy(t, solanaSite(newUpstream(t).URL, "http "+remote.URL, e, gateDir(t)))
 	url := base + "/verify/schema"
 	pr := paymentRequired(t, post(t, url, "", nil))
 	p := e.paymentOf(t, pr.Accepts[0])
@@ -152,7 +151,7 @@ func TestGateRefusesASolanaTransactionThatDoesNotPayItsOffer(t *testing.T) {
 // connection cut.)
 func TestGateRefusesALookupTablePayment(t *testing.T) {
 	e := newSolanaEnv(t)
-	base := startCaddy(t, solanaSite(newUpstream(t).URL, e.svmBlock(), e, filepath.Join(t.TempDir(), "gate")))
+	base := startCaddy(t, solanaSite(newUpstream(t).URL, e.svmBlock(), e, gateDir(t)))
 	url := base + "/verify/schema"
 	pr := paymentRequired(t, post(t, url, "", nil))
 	p := e.paymentOf(t, pr.Accepts[0])

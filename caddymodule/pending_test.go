@@ -273,7 +273,7 @@ func killedMidSettlement(t *testing.T, url, sig string) {
 func TestUnknownSettlementResolvedOnRetry(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	site := pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "")
+	site := pendingSite(up.URL, "lose_reply", gateDir(t), "")
 	// The gateway restarts before the buyer retries.
 	p := payThenRestart(t, d, site, 7, replyLost, func() string { return startCaddy(t, site) })
 	calls := up.calls.Load()
@@ -328,7 +328,7 @@ func paidBy(t *testing.T, d *evmfacilitator.Devnet, tx string) {
 func TestUnknownSettlementReleasedOnceExpired(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	base := startCaddy(t, pendingSite(up.URL, "lose_request", filepath.Join(t.TempDir(), "gate"), ""))
+	base := startCaddy(t, pendingSite(up.URL, "lose_request", gateDir(t), ""))
 	url := base + "/verify/schema"
 	payer := evmfacilitator.DevAccounts()[6].Address
 	before := balance(t, d, payer)
@@ -382,7 +382,7 @@ func TestUnknownSettlementResolvedInTheBackground(t *testing.T) {
 	t.Cleanup(func() { resolveInterval = old })
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	base := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), ""))
+	base := startCaddy(t, pendingSite(up.URL, "lose_reply", gateDir(t), ""))
 	url := base + "/verify/schema"
 	payer := evmfacilitator.DevAccounts()[5].Address
 	before := balance(t, d, payer)
@@ -420,7 +420,7 @@ func TestResolvePassDoesNotWaitForItsReports(t *testing.T) {
 	_, _ = sharedDevnet(t)
 	up := newReportingUpstream(t)
 	up.stall.Store(true)
-	base := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), ""))
+	base := startCaddy(t, pendingSite(up.URL, "lose_reply", gateDir(t), ""))
 	url := base + "/verify/schema"
 	offer := paymentRequired(t, post(t, url, "", nil))
 	resolved := func() float64 { return counterValue(t, "unknown_resolved_settled") }
@@ -461,7 +461,7 @@ func TestResolvedOutcomeAfterAReloadMovingTheUpstreamGoesToNoOtherUpstream(t *te
 	t.Cleanup(func() { resolveInterval = old })
 	d, _ := sharedDevnet(t)
 	before, after := newReportingUpstream(t), newReportingUpstream(t)
-	storeDir := filepath.Join(t.TempDir(), "gate")
+	storeDir := gateDir(t)
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
 	port := freePort(t)
 	loadCaddyServers(t, port, "", logFile, pendingSite(before.URL, "lose_request", storeDir, ""))
@@ -537,7 +537,7 @@ func TestResolvedReportAfterAReloadGoesOnlyToItsOwnUpstream(t *testing.T) {
 		test_fake_other_upstream
 	}
 }
-`, payTo.Hex(), filepath.Join(t.TempDir(), "gate"))
+`, payTo.Hex(), gateDir(t))
 	base := paidCallLosingItsReply(t, site, 9, `{"x":4}`)
 	port := portOf(t, base)
 	// The operator reloads the same config (any change to the server
@@ -586,7 +586,7 @@ func TestResolvedReportOfAGateAloneInItsRouteGoesToNoOtherSitesUpstream(t *testi
 			facilitator faulty_devnet lose_reply_stall
 			store badger %[2]s
 			public_base_url https://gateway.test
-		}`, payTo.Hex(), filepath.Join(t.TempDir(), "gate"))
+		}`, payTo.Hex(), gateDir(t))
 	site := fmt.Sprintf(`:{port} {
 	route /v1/* {
 		%[1]s
@@ -650,7 +650,7 @@ func TestReloadMovingTheUpstreamAfterAGateAloneInItsRouteKeepsTheOutcome(t *test
 		test_fake_history
 	}
 }
-`, payTo.Hex(), filepath.Join(t.TempDir(), "gate"))
+`, payTo.Hex(), gateDir(t))
 	base := paidCallLosingItsReply(t, site, 8, `{"x":5}`)
 	resolveInterval = 300 * time.Millisecond
 	loadCaddy(t, portOf(t, base), strings.Replace(site, "test_fake_history", "test_fake_other_upstream", 1))
@@ -1264,7 +1264,7 @@ func TestSettlementOutcomeIsReportedToTheUpstream(t *testing.T) {
 	_, _ = sharedDevnet(t)
 	t.Run("a settled call is reported paid", func(t *testing.T) {
 		up := newReportingUpstream(t)
-		base := startCaddy(t, pendingSite(up.URL, "none", filepath.Join(t.TempDir(), "gate"), ""))
+		base := startCaddy(t, pendingSite(up.URL, "none", gateDir(t), ""))
 		url := base + "/verify/schema"
 		sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 2)
 		resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig})
@@ -1277,7 +1277,7 @@ func TestSettlementOutcomeIsReportedToTheUpstream(t *testing.T) {
 	})
 	t.Run("an unknown outcome is reported when the retry resolves it", func(t *testing.T) {
 		up := newReportingUpstream(t)
-		base := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), ""))
+		base := startCaddy(t, pendingSite(up.URL, "lose_reply", gateDir(t), ""))
 		url := base + "/verify/schema"
 		sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 2)
 		if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
@@ -1311,7 +1311,7 @@ func readJSONString(t *testing.T, resp *http.Response) string {
 func TestUnknownSettlementIsJudgedByTheNamedTransaction(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	site := pendingSite(up.URL, "pending_named", filepath.Join(t.TempDir(), "gate"), "")
+	site := pendingSite(up.URL, "pending_named", gateDir(t), "")
 	sentSeen.Lock()
 	sentSeen.list = nil
 	sentSeen.Unlock()
@@ -1377,7 +1377,7 @@ func reasonOf(t *testing.T, resp *http.Response) string {
 func TestUnknownSettlementNotKeptRunsAgainOnce(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	base := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "settle before"))
+	base := startCaddy(t, pendingSite(up.URL, "lose_reply", gateDir(t), "settle before"))
 	url := base + "/verify/schema"
 	payer := evmfacilitator.DevAccounts()[7].Address
 	before := balance(t, d, payer)
@@ -1433,7 +1433,7 @@ func TestUnknownSettlementNotKeptRunsAgainOnce(t *testing.T) {
 func TestUnknownSettlementNotKeptRunsOnceForConcurrentRetries(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	base := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "settle before"))
+	base := startCaddy(t, pendingSite(up.URL, "lose_reply", gateDir(t), "settle before"))
 	url := base + "/verify/schema"
 	payer := evmfacilitator.DevAccounts()[8].Address
 	before := balance(t, d, payer)
@@ -1564,7 +1564,7 @@ func testKilledMidSettlement(t *testing.T, background bool) {
 	resolved := counterValue(t, "unknown_resolved_settled")
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	storeDir := filepath.Join(t.TempDir(), "gate")
+	storeDir := gateDir(t)
 	p := payThenRestart(t, d, killSite(up.URL, "killed_devnet", storeDir), 8, killedMidSettlement,
 		func() string { return startCaddy(t, killSite(up.URL, "faulty_devnet none", storeDir)) })
 	url, sig := p.url, p.sig
@@ -1658,7 +1658,7 @@ func blipSite(t *testing.T, up string) string {
 		reverse_proxy %[1]s
 	}
 }
-`, strings.TrimPrefix(up, "http://"), filepath.Join(t.TempDir(), "gate"), payTo.Hex())
+`, strings.TrimPrefix(up, "http://"), gateDir(t), payTo.Hex())
 }
 
 // spanOfDefaultGate is the attempt span a gate with the default timeouts
@@ -1896,7 +1896,7 @@ func waitUnrecordedWritten(t *testing.T, from float64) {
 func TestSettleWriteLandedButReplyLostDeliversOnRetry(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	base := startCaddy(t, landedSite(up.URL, "landed_blip_badger "+filepath.Join(t.TempDir(), "gate"), "after"))
+	base := startCaddy(t, landedSite(up.URL, "landed_blip_badger "+gateDir(t), "after"))
 	url := base + "/verify/schema"
 	payer := evmfacilitator.DevAccounts()[6].Address
 	before := balance(t, d, payer)
@@ -1935,7 +1935,7 @@ func TestSettleBeforeWriteLandedIsWrittenThenRunsOnce(t *testing.T) {
 	unrecordedWaits = []time.Duration{20 * time.Millisecond}
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	base := startCaddy(t, landedSite(up.URL, "landed_blip_badger "+filepath.Join(t.TempDir(), "gate"), "before"))
+	base := startCaddy(t, landedSite(up.URL, "landed_blip_badger "+gateDir(t), "before"))
 	url := base + "/verify/schema"
 	payer := evmfacilitator.DevAccounts()[6].Address
 	before := balance(t, d, payer)
@@ -2067,7 +2067,7 @@ func startSlowAttempt(t *testing.T, payerIdx int) *slowAttempt {
 		reverse_proxy %[1]s
 	}
 }
-`, strings.TrimPrefix(up.URL, "http://"), filepath.Join(t.TempDir(), "gate"), payTo.Hex())
+`, strings.TrimPrefix(up.URL, "http://"), gateDir(t), payTo.Hex())
 	base := startCaddy(t, site)
 	a := &slowAttempt{d: d, up: up, url: base + "/verify/schema", payer: evmfacilitator.DevAccounts()[payerIdx].Address, first: make(chan *http.Response, 1)}
 	a.before = balance(t, d, a.payer)
@@ -2303,7 +2303,7 @@ func testKilledMidSettlementWithoutRPC(t *testing.T, background bool) {
 	}
 	d, fac := sharedDevnet(t)
 	up := newUpstream(t)
-	storeDir := filepath.Join(t.TempDir(), "gate")
+	storeDir := gateDir(t)
 	site := func(facilitator string) string { return expiringSite(up.URL, facilitator, storeDir, "12s") }
 	payerIdx := 7
 	if background {

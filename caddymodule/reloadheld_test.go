@@ -6,7 +6,6 @@ import (
 	"io"
 	"math/big"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -32,7 +31,7 @@ func TestReloadChangingTheOfferStillResolvesAHeldPayment(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			d, _ := sharedDevnet(t)
 			up := newUpstream(t)
-			storeDir := filepath.Join(t.TempDir(), "gate")
+			storeDir := gateDir(t)
 			site := pendingSite(up.URL, "lose_reply", storeDir, "")
 			base := startCaddy(t, site)
 			url := base + "/verify/schema"

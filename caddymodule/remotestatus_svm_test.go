@@ -114,7 +114,7 @@ func TestRemoteSolanaLostReplyFoundOnChain(t *testing.T) {
 	up := newReportingUpstream(t)
 	proxy := newLossyProxy(t, remoteSVMFacilitator(t, e), "lose_reply")
 	fac := fmt.Sprintf("http %s {\n\t\t\t\ttimeout 5s\n\t\t\t\trpc solana-devnet %s\n\t\t\t}", proxy.URL, e.chain.URL)
-	url := startCaddy(t, solanaSite(up.URL, fac, e, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
+	url := startCaddy(t, solanaSite(up.URL, fac, e, gateDir(t))) + "/verify/schema"
 	payerBefore, payeeBefore := e.usdc(t, e.payer.Address), e.usdc(t, e.payee.Address)
 
 	first, firstTx := signSolana(t, e, url)
@@ -150,7 +150,7 @@ func TestRemoteSolanaLostRequestReleasedOnceExpired(t *testing.T) {
 	up := newReportingUpstream(t)
 	proxy := newLossyProxy(t, remoteSVMFacilitator(t, e), "lose_request")
 	fac := fmt.Sprintf("http %s {\n\t\t\t\ttimeout 5s\n\t\t\t\trpc solana-devnet %s\n\t\t\t}", proxy.URL, e.chain.URL)
-	url := startCaddy(t, solanaSite(up.URL, fac, e, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
+	url := startCaddy(t, solanaSite(up.URL, fac, e, gateDir(t))) + "/verify/schema"
 	payerBefore := e.usdc(t, e.payer.Address)
 
 	sig, _ := signSolana(t, e, url)
@@ -214,7 +214,7 @@ func TestEmbeddedSolanaResolvedAfterARestart(t *testing.T) {
 	e := newSolanaEnv(t)
 	up := newReportingUpstream(t)
 	rpc := newDroppingSolanaRPC(t, e.chain.URL)
-	dir := filepath.Join(t.TempDir(), "gate")
+	dir := gateDir(t)
 	svm := func(url string) string {
 		return fmt.Sprintf("svm {\n\t\t\t\tnetwork solana-devnet\n\t\t\t\trpc_url %s\n\t\t\t\tfee_payer_key_file %s\n\t\t\t\tconfirm_timeout 1s\n\t\t\t}", url, e.keyFile)
 	}
@@ -274,7 +274,7 @@ func TestEmbeddedSolanaSettledByAnotherSettlementSaysSo(t *testing.T) {
 	}))
 	t.Cleanup(node.Close)
 	svm := fmt.Sprintf("svm {\n\t\t\t\tnetwork solana-devnet\n\t\t\t\trpc_url %s\n\t\t\t\tfee_payer_key_file %s\n\t\t\t\tconfirm_timeout 1s\n\t\t\t\tstore redis %s\n\t\t\t}", node.URL, e.keyFile, sent.Addr)
-	url := startCaddy(t, solanaSite(up.URL, svm, e, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
+	url := startCaddy(t, solanaSite(up.URL, svm, e, gateDir(t))) + "/verify/schema"
 	payerBefore := e.usdc(t, e.payer.Address)
 	sig, txid := signSolana(t, e, url)
 	wantSettlementPending(t, post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}), "first try")
@@ -341,7 +341,7 @@ func TestRemoteSolanaLostReplyOfTheOfficialFacilitator(t *testing.T) {
 	up := newReportingUpstream(t)
 	proxy := newLossyProxy(t, ready.URL, "lose_reply")
 	fac := fmt.Sprintf("http %s {\n\t\t\t\ttimeout 10s\n\t\t\t\trpc solana-devnet %s\n\t\t\t}", proxy.URL, e.chain.URL)
-	url := startCaddy(t, solanaSite(up.URL, fac, e, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
+	url := startCaddy(t, solanaSite(up.URL, fac, e, gateDir(t))) + "/verify/schema"
 	payerBefore := e.usdc(t, e.payer.Address)
 
 	sig, _ := signSolana(t, e, url)
@@ -389,7 +389,7 @@ func multiLostReplyThenServed(t *testing.T, e *solanaEnv, remote, svm string, af
 	up := newReportingUpstream(t)
 	proxy := newLossyProxy(t, remote, "lose_reply")
 	fac := fmt.Sprintf("multi {\n\t\t\t\thttp %s {\n\t\t\t\t\ttimeout 5s\n\t\t\t\t}\n\t\t\t\t%s\n\t\t\t}", proxy.URL, svm)
-	url := startCaddy(t, solanaSite(up.URL, fac, e, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
+	url := startCaddy(t, solanaSite(up.URL, fac, e, gateDir(t))) + "/verify/schema"
 	payerBefore := e.usdc(t, e.payer.Address)
 
 	sig, txid := signSolana(t, e, url)

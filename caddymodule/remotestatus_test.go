@@ -8,7 +8,6 @@ import (
 	"math/big"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -170,7 +169,7 @@ func TestRemoteUnknownSettlementResolvedFromTheChain(t *testing.T) {
 			if withRPC {
 				rpc = "rpc devnet " + d.RPCURL()
 			}
-			base := startCaddy(t, remoteSite(up.URL, proxy.URL, rpc, filepath.Join(t.TempDir(), "gate"), tc.multi))
+			base := startCaddy(t, remoteSite(up.URL, proxy.URL, rpc, gateDir(t), tc.multi))
 			url := base + "/verify/schema"
 			before := balance(t, d, payer)
 			sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
@@ -242,7 +241,7 @@ func TestBackgroundResolutionIsReportedAtOnce(t *testing.T) {
 	t.Run("settled: paid", func(t *testing.T) {
 		up := newReportingUpstream(t)
 		proxy := newLossyProxy(t, facURL, "lose_reply")
-		base := startCaddy(t, remoteSite(up.URL, proxy.URL, rpc, filepath.Join(t.TempDir(), "gate")))
+		base := startCaddy(t, remoteSite(up.URL, proxy.URL, rpc, gateDir(t)))
 		url := base + "/verify/schema"
 		sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
 		if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
@@ -259,7 +258,7 @@ func TestBackgroundResolutionIsReportedAtOnce(t *testing.T) {
 		rpc := "rpc devnet " + d.RPCURL()
 		up := newReportingUpstream(t)
 		proxy := newLossyProxy(t, facURL, "lose_request")
-		base := startCaddy(t, remoteSite(up.URL, proxy.URL, rpc, filepath.Join(t.TempDir(), "gate")))
+		base := startCaddy(t, remoteSite(up.URL, proxy.URL, rpc, gateDir(t)))
 		url := base + "/verify/schema"
 		payer := evmfacilitator.DevAccounts()[4].Address
 		before := balance(t, d, payer)
@@ -340,7 +339,7 @@ func TestResolvedAfterARestartIsReported(t *testing.T) {
 	rpc := "rpc devnet " + d.RPCURL()
 	up := newReportingUpstream(t)
 	proxy := newLossyProxy(t, facURL, "lose_reply")
-	dir := filepath.Join(t.TempDir(), "gate")
+	dir := gateDir(t)
 
 	base := startCaddy(t, remoteSite(up.URL, proxy.URL, rpc, dir))
 	url := base + "/verify/schema"

@@ -68,7 +68,7 @@ func TestBatchedReportsGoOnlyWithReportsOfTheirHost(t *testing.T) {
 	_, _ = sharedDevnet(t)
 	release := stallChain(t)
 	a, b := newSlowReportUpstream(t, "tenantA"), newSlowReportUpstream(t, "tenantB")
-	site := faultyGateSite("lose_reply_stall", filepath.Join(t.TempDir(), "gate"), twoTenants(a.URL, b.URL), "public_base_url https://gateway.test")
+	site := faultyGateSite("lose_reply_stall", gateDir(t), twoTenants(a.URL, b.URL), "public_base_url https://gateway.test")
 	url := startCaddy(t, site) + "/verify/schema"
 	for _, host := range []string{"a.test", "b.test", "a.test", "b.test"} {
 		paidCallHeld(t, url, map[string]string{"Host": host}, host+"'s paid call")
@@ -103,7 +103,7 @@ func resolvedAfterReloadGoesToItsHost(t *testing.T, pick string, restart bool) {
 	_, _ = sharedDevnet(t)
 	release := stallChain(t)
 	a, b := newReportingUpstream(t), newReportingUpstream(t)
-	site := faultyGateSite("lose_reply_stall", filepath.Join(t.TempDir(), "gate"), strings.NewReplacer("{A}", strings.TrimPrefix(a.URL, "http://"), "{B}", strings.TrimPrefix(b.URL, "http://")).Replace(pick), "public_base_url https://gateway.test")
+	site := faultyGateSite("lose_reply_stall", gateDir(t), strings.NewReplacer("{A}", strings.TrimPrefix(a.URL, "http://"), "{B}", strings.TrimPrefix(b.URL, "http://")).Replace(pick), "public_base_url https://gateway.test")
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
 	port := freePort(t)
 	loadCaddyServers(t, port, "", logFile, site)
@@ -214,7 +214,7 @@ func TestOutcomeFoundByAnotherHostsRequestGoesToTheAskingHost(t *testing.T) {
 	_, _ = sharedDevnet(t)
 	release := stallChain(t)
 	a, b := newReportingUpstream(t), newReportingUpstream(t)
-	site := faultyGateSite("lose_reply_stall", filepath.Join(t.TempDir(), "gate"), twoTenants(a.URL, b.URL), "public_base_url https://gateway.test")
+	site := faultyGateSite("lose_reply_stall", gateDir(t), twoTenants(a.URL, b.URL), "public_base_url https://gateway.test")
 	url := startCaddy(t, site) + "/verify/schema"
 	sig := paidCallHeld(t, url, map[string]string{"Host": "a.test"}, "tenant A's paid call")
 	close(release)
@@ -253,7 +253,7 @@ func TestResolvedOutcomeAfterRestartOfARouteTaggingItsRequestsIsReported(t *test
 	_, _ = sharedDevnet(t)
 	release := stallChain(t)
 	a := newReportingUpstream(t)
-	site := faultyGateSite("lose_reply_stall", filepath.Join(t.TempDir(), "gate"), `vars tagged {http.request.uuid}
+	site := faultyGateSite("lose_reply_stall", gateDir(t), `vars tagged {http.request.uuid}
 		reverse_proxy `+strings.TrimPrefix(a.URL, "http://")+` {
 			header_up X-Request-ID {http.request.uuid}
 		}`)

@@ -8,7 +8,6 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	neturl "net/url"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -81,7 +80,7 @@ func TestUnknownOutcomeNotToldIsNeverReportedUnpaid(t *testing.T) {
 		t.Run("store "+fault, func(t *testing.T) {
 			vf := startVerifier(t)
 			site := strings.Replace(mcpHistorySite(vf, "lose_reply", "{dir}"), "store badger {dir}", "store blind_badger {dir} "+fault, 2)
-			site = strings.ReplaceAll(site, "{dir}", filepath.Join(t.TempDir(), "gate"))
+			site = strings.ReplaceAll(site, "{dir}", gateDir(t))
 			url := startCaddy(t, site) + "/mcp"
 			agent := "seller-unknown-" + fault
 			args := map[string]any{"task_id": "t-mcp", "agent_id": agent,

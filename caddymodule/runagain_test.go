@@ -8,7 +8,6 @@ import (
 	"math/big"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -42,7 +41,7 @@ func TestRunAgainUpstreamFailureKeepsThePaidCall(t *testing.T) {
 		io.WriteString(w, `{"paid_content":true}`)
 	}))
 	t.Cleanup(up.Close)
-	url := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "settle before")) + "/verify/schema"
+	url := startCaddy(t, pendingSite(up.URL, "lose_reply", gateDir(t), "settle before")) + "/verify/schema"
 	payer := evmfacilitator.DevAccounts()[6].Address
 	before := balance(t, d, payer)
 	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 6)
@@ -92,7 +91,7 @@ func TestRunAgainTakenAndAbandonedIsRetakenAfterItsSpan(t *testing.T) {
 		io.WriteString(w, `{"paid_content":true}`)
 	}))
 	t.Cleanup(up.Close)
-	url := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "settle before\n\t\t\tupstream_timeout 1m")) + "/verify/schema"
+	url := startCaddy(t, pendingSite(up.URL, "lose_reply", gateDir(t), "settle before\n\t\t\tupstream_timeout 1m")) + "/verify/schema"
 	t.Cleanup(func() { close(release) })
 	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 7)
 	hdr := map[string]string{x402.HeaderPaymentSignature: sig}

@@ -3,7 +3,6 @@ package caddymodule
 import (
 	"io"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -91,7 +90,7 @@ func TestSettleBeforeHijackedTunnelOutlivesUpstreamTimeout(t *testing.T) {
 // outlived upstream_timeout is payment_already_used, not a second tunnel.
 func TestRunAgainThroughAHijackedTunnelIsRunOnce(t *testing.T) {
 	sharedDevnet(t)
-	site := pendingSite("127.0.0.1:1", "lose_reply", filepath.Join(t.TempDir(), "gate"), "settle before\n\t\t\tupstream_timeout 500ms")
+	site := pendingSite("127.0.0.1:1", "lose_reply", gateDir(t), "settle before\n\t\t\tupstream_timeout 500ms")
 	site = strings.Replace(site, "reverse_proxy 127.0.0.1:1", "test_hijack_upgrade", 1)
 	url := startCaddy(t, site) + "/verify/schema"
 	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)

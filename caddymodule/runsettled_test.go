@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"net/http/httptrace"
 	"net/textproto"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -120,7 +119,7 @@ func TestSettleBeforeStreamPastUpstreamTimeoutIsDeliveredWhole(t *testing.T) {
 func TestRunAgainUpstreamTimeoutBeforeHeadersGivesTheRunBack(t *testing.T) {
 	sharedDevnet(t)
 	up, stalling, served := stallingUpstream(t, 2*time.Minute)
-	url := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "settle before\n\t\t\tupstream_timeout 500ms")) + "/verify/schema"
+	url := startCaddy(t, pendingSite(up.URL, "lose_reply", gateDir(t), "settle before\n\t\t\tupstream_timeout 500ms")) + "/verify/schema"
 	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
 	hdr := map[string]string{x402.HeaderPaymentSignature: sig}
 	if resp := post(t, url, validRequest, hdr); resp.StatusCode != http.StatusServiceUnavailable {
@@ -167,7 +166,7 @@ func TestRunAgainStreamingPastItsSpanIsNotRunTwice(t *testing.T) {
 		io.WriteString(w, "data: last\n\n")
 	}))
 	t.Cleanup(up.Close)
-	url := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "settle before")) + "/verify/schema"
+	url := startCaddy(t, pendingSite(up.URL, "lose_reply", gateDir(t), "settle before")) + "/verify/schema"
 	released := false
 	t.Cleanup(func() {
 		if !released {
@@ -345,7 +344,7 @@ func TestSettleBeforeProtocolSwitchOutlivesUpstreamTimeout(t *testing.T) {
 func TestRunAgainThroughAProtocolSwitchIsRunOnce(t *testing.T) {
 	sharedDevnet(t)
 	up, tunnels, _ := echoUpgradeUpstream(t)
-	url := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "settle before")) + "/verify/schema"
+	url := startCaddy(t, pendingSite(up.URL, "lose_reply", gateDir(t), "settle before")) + "/verify/schema"
 	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
 	if resp := post(t, url, validRequest, map[string]string{x402.HeaderPaymentSignature: sig}); resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("first try: %d", resp.StatusCode)

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -395,7 +394,7 @@ func rpcGateSite(t *testing.T, upstream, fac, rpc, timeout string) string {
 		reverse_proxy %[1]s
 	}
 }
-`, strings.TrimPrefix(upstream, "http://"), fac, payTo.Hex(), rpc, filepath.Join(t.TempDir(), "gate"), timeout)
+`, strings.TrimPrefix(upstream, "http://"), fac, payTo.Hex(), rpc, gateDir(t), timeout)
 }
 
 // TestSettledEarlierNewWindowsOfAUsedNonceCostOneRead: the payer of a used

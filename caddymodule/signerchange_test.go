@@ -5,7 +5,6 @@ import (
 	"io"
 	"math/big"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -39,7 +38,7 @@ func TestHeldEVMPaymentServedAfterRelayerKeyChange(t *testing.T) {
 func testHeldAfterRotation(t *testing.T, key int) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	storeDir := filepath.Join(t.TempDir(), "gate")
+	storeDir := gateDir(t)
 	first := pendingSite(up.URL, "lose_reply", storeDir, "")
 	p := payThenRestart(t, d, first, 2+key%2, replyLost, func() string { return startCaddy(t, relayerSite(up.URL, d, storeDir, key)) })
 	servedAfterRotation(t, d, up, p)
@@ -62,7 +61,7 @@ func TestHeldPaymentKilledMidSettlementServedAfterRelayerKeyChange(t *testing.T)
 		t.Run(c.name, func(t *testing.T) {
 			d, _ := sharedDevnet(t)
 			up := newUpstream(t)
-			storeDir := filepath.Join(t.TempDir(), "gate")
+			storeDir := gateDir(t)
 			payer := 4 + c.key%2
 			p := payThenRestart(t, d, killSite(up.URL, "killed_devnet", storeDir), payer, killedMidSettlement,
 				func() string { return startCaddy(t, relayerSite(up.URL, d, storeDir, c.key)) })
@@ -194,7 +193,7 @@ func TestHeldMultiEVMPaymentServedAfterMembersReordered(t *testing.T) {
 func testMultiReorder(t *testing.T, reorder bool) {
 	d, _ := sharedDevnet(t)
 	up := newUpstream(t)
-	storeDir := filepath.Join(t.TempDir(), "gate")
+	storeDir := gateDir(t)
 	evm9 := fmt.Sprintf("evm {\n\t\t\t\t\tnetwork devnet\n\t\t\t\t\trpc_url %s\n\t\t\t\t\trelayer_key %s\n\t\t\t\t}", d.RPCURL(), evmfacilitator.DevAccounts()[9].PrivateKeyHex)
 	site := func(members string) string {
 		return fmt.Sprintf(`:{port} {
@@ -248,7 +247,7 @@ func TestHeldRemotePaymentKilledMidSettlementServedAfterRemoteSignerChange(t *te
 	})
 	remote.pass.Store(true) // /settle forwarded: the gateway is killed mid-settlement
 	up := newUpstream(t)
-	storeDir := filepath.Join(t.TempDir(), "gate")
+	storeDir := gateDir(t)
 	url := startCaddy(t, killSite(up.URL, "killed_http "+remote.URL, storeDir)) + "/verify/schema"
 	pay := func(key int) string {
 		sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), key)

@@ -7,7 +7,6 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -121,7 +120,7 @@ func TestSolanaPaymentHasOneSpelling(t *testing.T) {
 	e := newSolanaEnv(t)
 	facURL, verifies, settles := officialSVMFacilitatorCounted(t, e)
 	up := newUpstream(t)
-	u := startCaddy(t, solanaSite(up.URL, "http "+facURL, e, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
+	u := startCaddy(t, solanaSite(up.URL, "http "+facURL, e, gateDir(t))) + "/verify/schema"
 	header, txid := signSolana(t, e, u)
 	canon := transactionOf(t, header)
 	before := e.usdc(t, e.payer.Address)
@@ -164,7 +163,7 @@ func TestSolanaPaymentInManySpellingsAtOnceRunsOnce(t *testing.T) {
 	e := newSolanaEnv(t)
 	facURL, _, settles := officialSVMFacilitatorCounted(t, e)
 	up := newUpstream(t)
-	u := startCaddy(t, solanaSite(up.URL, "http "+facURL, e, filepath.Join(t.TempDir(), "gate"))) + "/verify/schema"
+	u := startCaddy(t, solanaSite(up.URL, "http "+facURL, e, gateDir(t))) + "/verify/schema"
 	header, _ := signSolana(t, e, u)
 	canon := transactionOf(t, header)
 	headers := []string{header}

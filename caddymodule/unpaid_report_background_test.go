@@ -8,7 +8,6 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	neturl "net/url"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -183,7 +182,7 @@ func TestRetryOfAHeldPaymentForAnotherRequestIsRefusedBeforeAnyReport(t *testing
 	reportTimeout = 60 * time.Second
 	_, _ = sharedDevnet(t)
 	fakeHistoryReset()
-	base := startCaddy(t, fakeHistorySite("badger "+filepath.Join(t.TempDir(), "gate"), "faulty_devnet lose_reply"))
+	base := startCaddy(t, fakeHistorySite("badger "+gateDir(t), "faulty_devnet lose_reply"))
 	url := base + "/v1/verify"
 	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 5)
 	resp := post(t, url, `{"x":5}`, map[string]string{x402.HeaderPaymentSignature: sig})

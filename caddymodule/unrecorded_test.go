@@ -299,7 +299,7 @@ func TestUnrecordedSettlementWhoseAnswerIsNotKeptCountsOnce(t *testing.T) {
 	fakeHistoryReset()
 	fakeHistoryBig.Store(true)
 	defer fakeHistoryBig.Store(false)
-	base := startCaddy(t, fakeHistorySite("landed_blip_badger "+filepath.Join(t.TempDir(), "gate"), "faulty_devnet none"))
+	base := startCaddy(t, fakeHistorySite("landed_blip_badger "+gateDir(t), "faulty_devnet none"))
 	url := base + "/v1/verify"
 	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 6)
 
@@ -344,7 +344,7 @@ func TestUnrecordedSettlementAnswerDoesNotWaitForItsReport(t *testing.T) {
 	unrecordedWaits = []time.Duration{20 * time.Millisecond}
 	_, _ = sharedDevnet(t)
 	fakeHistoryReset()
-	base := startCaddy(t, fakeHistorySite("landed_blip_badger "+filepath.Join(t.TempDir(), "gate"), "faulty_devnet none"))
+	base := startCaddy(t, fakeHistorySite("landed_blip_badger "+gateDir(t), "faulty_devnet none"))
 	url := base + "/v1/verify"
 	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), 8)
 	defer func(d time.Duration) { reportTimeout = d }(reportTimeout)

@@ -4,7 +4,6 @@ import (
 	"io"
 	"math/big"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -167,7 +166,7 @@ func TestSettleOnPassRefusesProtocolSwitch(t *testing.T) {
 func TestSettleAfterProtocolSwitchUnknownSettlementRunsAgainOnce(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	up, tunnels, _ := echoUpgradeUpstream(t)
-	url := startCaddy(t, pendingSite(up.URL, "lose_reply", filepath.Join(t.TempDir(), "gate"), "")) + "/verify/schema"
+	url := startCaddy(t, pendingSite(up.URL, "lose_reply", gateDir(t), "")) + "/verify/schema"
 	before := balance(t, d, upgradePayerAddress)
 	sig := signFor(t, paymentRequired(t, post(t, url, "", nil)), upgradePayer)
 	first := upgradePost(t, url, sig)

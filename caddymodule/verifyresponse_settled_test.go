@@ -7,7 +7,6 @@ import (
 	"math/big"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -125,7 +124,7 @@ func rpcCall(t *testing.T, url string, payment any) (int, map[string]any, http.H
 func TestVerifyResponseMisplacedOverMCPAfterARunAgainSaysCharged(t *testing.T) {
 	d, _ := sharedDevnet(t)
 	up, calls := bigToolUpstream(t)
-	storeDir := filepath.Join(t.TempDir(), "gate")
+	storeDir := gateDir(t)
 	site := func(vr string) string {
 		return fmt.Sprintf(`:{port} {
 	route /mcp {
