@@ -492,17 +492,19 @@ func TestCloseWaitsForTheResolversDrop(t *testing.T) {
 	if !errors.As(err, &unknown) {
 		t.Fatalf("settle with its send lost: %v; want an unknown outcome", err)
 	}
-	polling := make(chan struct{}, 1)
+	polling, expired := make(chan struct{}, 1), make(chan struct{})
 	var slowed atomic.Bool
 	fr.set(func(f *faultyRPC) {
 		f.beforeStatus = func() {
 			if slowed.CompareAndSwap(false, true) {
 				polling <- struct{}{}
+				<-expired                          // this poll reads the expiry, however slow the chain's step
 				time.Sleep(200 * time.Millisecond) // Close comes meanwhile
 			}
 		}
 	})
 	e.chain.ExpireBlockhash()
+	close(expired)
 	<-polling
 	e.f.Close()
 	handle.closed.Store(true)
