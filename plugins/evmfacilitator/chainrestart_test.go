@@ -58,7 +58,7 @@ func (r *restartableEndpoint) restart(t *testing.T) {
 // new one: the settlement was queued, never mined, its outcome unknown.)
 func TestAnEndpointRestartedAsAnotherChainSettlesWithThatChainsNonces(t *testing.T) {
 	ep := newRestartableEndpoint(t)
-	f, err := New(Config{Chain: ep.client, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 3 * time.Second})
+	f, err := New(Config{Chain: ep.client, Network: DevnetNetwork, RelayerKey: DevKey(0), PollInterval: 20 * time.Millisecond, ReceiptTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
